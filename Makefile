@@ -1,0 +1,41 @@
+# kafka-delay: the two commands of the README.
+#   make demo   build, start the broker on an embedded Kafka, deliver a few delayed records
+#   make test   the whole test suite (unit, property, store, integration on the embedded mock
+#               cluster, then the end-to-end tests again against a separately running tansu)
+# Both install what the build needs first (Debian packages, tansu from crates.io).
+
+export CARGO_TARGET_DIR ?= $(HOME)/.cache/kafka-delay/target
+TANSU_VERSION := 0.6.0
+DEBIAN_PACKAGES := build-essential pkg-config libclang-dev clang libssl-dev zlib1g-dev kcat curl python3
+
+.PHONY: demo test deps tansu build lint
+
+deps:
+	@missing=""; for p in $(DEBIAN_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q "ok installed" || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  SUDO=""; [ "$$(id -u)" = 0 ] || SUDO=sudo; \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq $$missing; \
+	fi
+
+tansu:
+	@if ! tansu --version 2>/dev/null | grep -q "$(TANSU_VERSION)"; then \
+	  echo "installing tansu $(TANSU_VERSION) from crates.io (once; takes a while)"; \
+	  cargo install tansu --version $(TANSU_VERSION) --features dynostore --locked; \
+	fi
+
+build: deps
+	cargo build --release --bin kafka-delay
+
+demo: build
+	bash scripts/demo.sh
+
+lint: deps
+	cargo fmt --check
+	cargo clippy --all-targets -- -D warnings
+
+test: deps tansu
+	cargo test --all-targets
+	bash scripts/test-external.sh

@@ -1,0 +1,239 @@
+//! Wires the broker together and runs it: store -> HTTP -> Kafka clients -> scheduler and
+//! publisher -> recovery -> ingest -> ready. [`Running::shutdown`] stops it in the reverse order.
+
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use prometheus::Registry;
+use tokio::sync::{mpsc, watch};
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::http::{self, Health};
+use crate::ingest::{self, Ingest};
+use crate::kafka::{self, KafkaSetupError};
+use crate::metrics::Metrics;
+use crate::publish::dead_letter::DeadLetters;
+use crate::publish::{Publisher, RetryPolicy};
+use crate::scheduler::Scheduler;
+use crate::store::{RecordId, Store, StoreError, StoreOptions};
+
+/// Why the broker could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    /// RocksDB.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Kafka.
+    #[error(transparent)]
+    Kafka(#[from] KafkaSetupError),
+    /// The HTTP address.
+    #[error("cannot listen on {addr}: {source} (change --http-addr)")]
+    Http {
+        /// The address.
+        addr: SocketAddr,
+        /// The bind error.
+        source: std::io::Error,
+    },
+    /// Metrics registration.
+    #[error("metrics: {0}")]
+    Metrics(#[from] prometheus::Error),
+}
+
+/// A started broker.
+#[derive(Debug)]
+pub struct Running {
+    stop_ingest: watch::Sender<bool>,
+    stop_rest: watch::Sender<bool>,
+    ingest: JoinHandle<()>,
+    scheduler: JoinHandle<()>,
+    publisher: JoinHandle<()>,
+    http: JoinHandle<()>,
+    http_addr: SocketAddr,
+    store: Arc<Store>,
+    metrics: Metrics,
+    health: Health,
+}
+
+/// Starts the broker and returns once it is ready (recovery done, consumer subscribed).
+///
+/// # Errors
+/// A [`StartError`] naming what could not be set up.
+pub async fn start(
+    config: Config,
+    clock: Arc<dyn Clock>,
+    registry: Registry,
+) -> Result<Running, StartError> {
+    let metrics = Metrics::new(&registry)?;
+    let health = Health::default();
+    health.store_healthy.store(true, Ordering::Relaxed);
+    let store = {
+        let dir = config.data_dir.clone();
+        let opts = StoreOptions { sync: config.sync };
+        Arc::new(
+            tokio::task::spawn_blocking(move || Store::open(&dir, opts))
+                .await
+                .expect("store open task")?,
+        )
+    };
+    let (stop_ingest, stop_ingest_rx) = watch::channel(false);
+    let (stop_rest, stop_rest_rx) = watch::channel(false);
+    let (http_addr, http_task) = http::serve(
+        config.http_addr,
+        health.clone(),
+        registry.clone(),
+        stop_rest_rx.clone(),
+    )
+    .await
+    .map_err(|source| StartError::Http {
+        addr: config.http_addr,
+        source,
+    })?;
+    info!(%http_addr, data_dir = %config.data_dir.display(), brokers = %config.brokers,
+          kafka_config = ?config.kafka_config, "kafka-delay starting");
+
+    let producer = kafka::producer(&config)?;
+    kafka::ensure_dead_letter_topic(&config, &producer).await?;
+    let dead = DeadLetters::new(
+        producer.clone(),
+        config.dead_letter_topic.clone(),
+        metrics.clone(),
+    );
+
+    let (insert_tx, insert_rx) = mpsc::channel::<Vec<(u64, RecordId)>>(1_024);
+    let (due_tx, due_rx) = mpsc::channel(64);
+    let scheduler = Scheduler::new(clock.clone(), metrics.clone());
+    let scheduler = tokio::spawn(scheduler.run(insert_rx, due_tx, stop_rest_rx.clone()));
+    let publisher = Publisher {
+        store: store.clone(),
+        producer,
+        dead: dead.clone(),
+        metrics: metrics.clone(),
+        clock: clock.clone(),
+        retries: insert_tx.clone(),
+        policy: RetryPolicy {
+            max_attempts: config.fire_max_attempts,
+            backoff_max_ms: config.retry_backoff_max_ms,
+        },
+        in_flight: config.in_flight,
+    };
+    let publisher = tokio::spawn(publisher.run(due_rx, stop_rest_rx));
+
+    let recovered = recover(&store, &insert_tx).await?;
+    metrics.recovered.set(recovered as i64);
+    metrics.pending.set(store.pending() as i64);
+
+    let next_offsets = {
+        let s = store.clone();
+        tokio::task::spawn_blocking(move || s.next_offsets())
+            .await
+            .expect("offsets task")?
+    };
+    let consumer = ingest::consumer(&config, store.clone())?;
+    let ingest = Ingest {
+        consumer,
+        store: store.clone(),
+        contract: config.contract.clone(),
+        clock,
+        metrics: metrics.clone(),
+        scheduler: insert_tx,
+        dead,
+        next_offsets,
+        store_healthy: health.store_healthy.clone(),
+    };
+    let ingest = tokio::spawn(ingest.run(stop_ingest_rx));
+    health.ready.store(true, Ordering::Relaxed);
+    metrics.ready.set(1);
+    info!(recovered, "ready");
+    Ok(Running {
+        stop_ingest,
+        stop_rest,
+        ingest,
+        scheduler,
+        publisher,
+        http: http_task,
+        http_addr,
+        store,
+        metrics,
+        health,
+    })
+}
+
+/// Loads every pending record from RocksDB into the scheduler, in due order, in chunks.
+async fn recover(
+    store: &Arc<Store>,
+    inserts: &mpsc::Sender<Vec<(u64, RecordId)>>,
+) -> Result<u64, StoreError> {
+    let started = Instant::now();
+    let store = store.clone();
+    let tx = inserts.clone();
+    let count = tokio::task::spawn_blocking(move || {
+        let mut chunk = Vec::with_capacity(8_192);
+        let count = store.scan_due(|due, id| {
+            chunk.push((due, id));
+            if chunk.len() == 8_192 {
+                let _ = tx.blocking_send(std::mem::take(&mut chunk));
+            }
+        })?;
+        if !chunk.is_empty() {
+            let _ = tx.blocking_send(chunk);
+        }
+        Ok::<u64, StoreError>(count)
+    })
+    .await
+    .expect("recovery task")?;
+    let secs = started.elapsed().as_secs_f64();
+    info!(
+        records = count,
+        seconds = format!("{secs:.3}"),
+        per_second = (count as f64 / secs.max(1e-9)) as u64,
+        "recovered pending records from RocksDB"
+    );
+    Ok(count)
+}
+
+impl Running {
+    /// The bound HTTP address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    /// The metrics.
+    pub fn metrics(&self) -> &Metrics {
+        &self.metrics
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Stops consuming (committing offsets), stops the scheduler, finishes the deliveries in
+    /// flight, flushes the producer and closes RocksDB cleanly.
+    pub async fn shutdown(self) {
+        info!("shutting down: stopping ingest");
+        self.health.ready.store(false, Ordering::Relaxed);
+        let _ = self.stop_ingest.send(true);
+        let _ = self.ingest.await;
+        info!("ingest stopped; finishing deliveries in flight");
+        let _ = self.stop_rest.send(true);
+        let _ = self.scheduler.await;
+        let _ = self.publisher.await;
+        let _ = self.http.await;
+        let store = self.store;
+        let flushed = tokio::task::spawn_blocking(move || {
+            let r = store.flush();
+            drop(store);
+            r
+        })
+        .await;
+        match flushed {
+            Ok(Ok(())) => info!("RocksDB closed; stopped"),
+            other => warn!(result = ?other.map(|r| r.map_err(|e| e.to_string())), "RocksDB flush at shutdown failed"),
+        }
+    }
+}

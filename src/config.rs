@@ -1,0 +1,392 @@
+//! Command line and environment: every flag has a `KAFKA_DELAY_*` variable.
+//!
+//! [`RunArgs`] is what clap parses; [`RunArgs::validate`] checks the cross-field rules and turns
+//! it into a [`Config`] whose fields are already parsed (regexes compiled, durations in ms), so
+//! a bad flag fails at start with a message saying what to fix.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use regex::Regex;
+
+use crate::record::{time::parse_duration_ms, Contract};
+
+/// kafka-delay: delayed delivery and retries for Apache Kafka.
+#[derive(Debug, Parser)]
+#[command(name = "kafka-delay", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the delay broker.
+    Run(Box<RunArgs>),
+    /// Run only an embedded Kafka-protocol cluster (librdkafka's mock cluster) until stopped.
+    Sandbox(SandboxArgs),
+}
+
+/// Flags of `kafka-delay sandbox`.
+#[derive(Debug, Args)]
+pub struct SandboxArgs {
+    /// Number of brokers in the embedded cluster.
+    #[arg(long, env = "KAFKA_DELAY_SANDBOX_BROKERS", default_value_t = 1)]
+    pub brokers: i32,
+}
+
+/// Flags of `kafka-delay run`.
+#[derive(Debug, Args, Clone)]
+pub struct RunArgs {
+    /// Kafka bootstrap servers, HOST:PORT[,HOST:PORT...].
+    #[arg(long, env = "KAFKA_DELAY_BROKERS")]
+    pub brokers: Option<String>,
+    /// Start an in-process Kafka-protocol cluster and run against it (prints bootstrap.servers=).
+    #[arg(long, env = "KAFKA_DELAY_EMBEDDED_KAFKA")]
+    pub embedded_kafka: bool,
+    /// Directory of the RocksDB store.
+    #[arg(long, env = "KAFKA_DELAY_DATA_DIR", default_value = "kafka-delay-data")]
+    pub data_dir: PathBuf,
+    /// Address of the HTTP server (/healthz, /readyz, /metrics).
+    #[arg(long, env = "KAFKA_DELAY_HTTP_ADDR", default_value = "127.0.0.1:9464")]
+    pub http_addr: SocketAddr,
+    /// Consumer group of the broker.
+    #[arg(long, env = "KAFKA_DELAY_GROUP_ID", default_value = "kafka-delay")]
+    pub group_id: String,
+    /// Static group membership id; stable across restarts of this instance. Default: from the
+    /// host name.
+    #[arg(long, env = "KAFKA_DELAY_INSTANCE_ID")]
+    pub instance_id: Option<String>,
+    /// Regex of the source topics (regex subscription: new topics are picked up while running).
+    #[arg(long, env = "KAFKA_DELAY_SOURCE_PATTERN", default_value = r"^delay\..+")]
+    pub source_pattern: String,
+    /// Topic that receives records that cannot be scheduled or delivered.
+    #[arg(long, env = "KAFKA_DELAY_DEAD_LETTER_TOPIC", default_value = "delay-dead-letter")]
+    pub dead_letter_topic: String,
+    /// Partitions of the dead-letter topic when the broker has to create it.
+    #[arg(long, env = "KAFKA_DELAY_DEAD_LETTER_PARTITIONS", default_value_t = 1)]
+    pub dead_letter_partitions: i32,
+    /// When set, target topics must match this regex.
+    #[arg(long, env = "KAFKA_DELAY_TARGET_ALLOW")]
+    pub target_allow: Option<String>,
+    /// Allow internal topics (`__*`) as targets.
+    #[arg(long, env = "KAFKA_DELAY_ALLOW_INTERNAL_TARGETS")]
+    pub allow_internal_targets: bool,
+    /// Longest accepted delay (30s, 5m, 2h, 365d...).
+    #[arg(long, env = "KAFKA_DELAY_MAX_DELAY", default_value = "365d")]
+    pub max_delay: String,
+    /// Largest record (key + value + headers) accepted, in bytes. Default: librdkafka's
+    /// message.max.bytes (1,000,000) less room for the provenance headers.
+    #[arg(long, env = "KAFKA_DELAY_MAX_RECORD_BYTES", default_value_t = 999_000)]
+    pub max_record_bytes: usize,
+    /// fsync RocksDB's write-ahead log on every ingest batch (group commit).
+    #[arg(long, env = "KAFKA_DELAY_SYNC")]
+    pub sync: bool,
+    /// Attempts for a delivery that fails permanently (unknown target, denied, too large) before
+    /// the record goes to the dead-letter topic. Transient failures are retried without limit.
+    #[arg(long, env = "KAFKA_DELAY_FIRE_MAX_ATTEMPTS", default_value_t = 5)]
+    pub fire_max_attempts: u32,
+    /// Longest wait between delivery retries (the backoff doubles from 100ms up to this).
+    #[arg(long, env = "KAFKA_DELAY_RETRY_BACKOFF_MAX", default_value = "30s")]
+    pub retry_backoff_max: String,
+    /// Most deliveries in flight at once.
+    #[arg(long, env = "KAFKA_DELAY_IN_FLIGHT", default_value_t = 10_000)]
+    pub in_flight: usize,
+    /// How often to look for new source topics.
+    #[arg(long, env = "KAFKA_DELAY_TOPIC_REFRESH", default_value = "10s")]
+    pub topic_refresh: String,
+    /// librdkafka property for all clients, KEY=VALUE (repeatable): SASL, TLS, tuning.
+    #[arg(long = "kafka-config", env = "KAFKA_DELAY_KAFKA_CONFIG", value_delimiter = ';',
+          value_parser = parse_kafka_prop)]
+    pub kafka_config: Vec<KafkaProp>,
+    /// Log format: plain or json.
+    #[arg(long, env = "KAFKA_DELAY_LOG_FORMAT", default_value = "plain")]
+    pub log_format: String,
+}
+
+/// Validated configuration of the broker.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Bootstrap servers (filled in from the embedded cluster when that is used).
+    pub brokers: String,
+    /// Whether to start an embedded cluster.
+    pub embedded_kafka: bool,
+    /// RocksDB directory.
+    pub data_dir: PathBuf,
+    /// HTTP listen address.
+    pub http_addr: SocketAddr,
+    /// Consumer group.
+    pub group_id: String,
+    /// Static membership id.
+    pub instance_id: String,
+    /// Dead-letter topic.
+    pub dead_letter_topic: String,
+    /// Its partitions when created.
+    pub dead_letter_partitions: i32,
+    /// Header contract rules.
+    pub contract: Contract,
+    /// fsync per batch.
+    pub sync: bool,
+    /// Attempts before a permanently failing delivery is dead-lettered.
+    pub fire_max_attempts: u32,
+    /// Backoff cap, ms.
+    pub retry_backoff_max_ms: u64,
+    /// In-flight deliveries.
+    pub in_flight: usize,
+    /// New-topic discovery interval, ms.
+    pub topic_refresh_ms: u64,
+    /// Extra librdkafka properties (their `Debug` redacts secrets).
+    pub kafka_config: Vec<KafkaProp>,
+    /// JSON logs.
+    pub log_json: bool,
+}
+
+/// A flag or variable that cannot be used; the message says what to fix.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ConfigError(pub String);
+
+/// librdkafka properties the broker sets itself, and the flag to use instead.
+const OWNED_PROPERTIES: [(&str, &str); 8] = [
+    ("bootstrap.servers", "--brokers"),
+    ("metadata.broker.list", "--brokers"),
+    ("group.id", "--group-id"),
+    ("group.instance.id", "--instance-id"),
+    ("enable.auto.offset.store", "(managed by kafka-delay)"),
+    ("enable.idempotence", "(always on)"),
+    ("allow.auto.create.topics", "(targets are never auto-created)"),
+    ("topic.metadata.refresh.interval.ms", "--topic-refresh"),
+];
+
+impl RunArgs {
+    /// Checks every rule and returns the parsed configuration.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the flag (and its variable) and what to change.
+    pub fn validate(&self) -> Result<Config, ConfigError> {
+        let fail = |msg: String| Err(ConfigError(msg));
+        let brokers = match (&self.brokers, self.embedded_kafka) {
+            (Some(_), true) => {
+                return fail("--brokers and --embedded-kafka exclude each other: give one".into())
+            }
+            (None, false) => {
+                return fail(
+                    "no Kafka: give --brokers HOST:PORT (KAFKA_DELAY_BROKERS) or --embedded-kafka"
+                        .into(),
+                )
+            }
+            (Some(b), false) if b.trim().is_empty() => {
+                return fail("--brokers is empty: give HOST:PORT[,HOST:PORT...]".into())
+            }
+            (Some(b), false) => b.clone(),
+            (None, true) => String::new(),
+        };
+        let source_pattern = Regex::new(&self.source_pattern).map_err(|e| {
+            ConfigError(format!(
+                "--source-pattern '{}' is not a valid regex: {e}",
+                self.source_pattern
+            ))
+        })?;
+        let target_allow = match &self.target_allow {
+            None => None,
+            Some(p) => Some(Regex::new(p).map_err(|e| {
+                ConfigError(format!("--target-allow '{p}' is not a valid regex: {e}"))
+            })?),
+        };
+        let max_delay_ms = duration("--max-delay", &self.max_delay)?;
+        if max_delay_ms == 0 {
+            return fail("--max-delay must be more than 0".into());
+        }
+        let contract = Contract {
+            source_pattern,
+            target_allow,
+            allow_internal_targets: self.allow_internal_targets,
+            max_delay_ms,
+            max_record_bytes: self.max_record_bytes,
+        };
+        // The dead-letter topic must be a legal topic that is not itself consumed.
+        if let Err(rej) = contract.check_target(&self.dead_letter_topic) {
+            if rej.reason != crate::record::Reason::TargetNotAllowed {
+                return fail(format!("--dead-letter-topic: {}", rej.detail));
+            }
+        }
+        if self.dead_letter_partitions < 1 {
+            return fail("--dead-letter-partitions must be at least 1".into());
+        }
+        if self.fire_max_attempts < 1 {
+            return fail("--fire-max-attempts must be at least 1".into());
+        }
+        if self.in_flight < 1 {
+            return fail("--in-flight must be at least 1".into());
+        }
+        if self.max_record_bytes < 1 {
+            return fail("--max-record-bytes must be at least 1".into());
+        }
+        let retry_backoff_max_ms = duration("--retry-backoff-max", &self.retry_backoff_max)?;
+        let topic_refresh_ms = duration("--topic-refresh", &self.topic_refresh)?;
+        if topic_refresh_ms < 100 {
+            return fail("--topic-refresh must be at least 100ms".into());
+        }
+        for prop in &self.kafka_config {
+            if let Some((_, instead)) = OWNED_PROPERTIES.iter().find(|(p, _)| *p == prop.key) {
+                return fail(format!(
+                    "--kafka-config {} is set by kafka-delay; use {instead}",
+                    prop.key
+                ));
+            }
+        }
+        let log_json = match self.log_format.as_str() {
+            "plain" => false,
+            "json" => true,
+            other => return fail(format!("--log-format '{other}': use plain or json")),
+        };
+        let instance_id = match &self.instance_id {
+            Some(id) if id.is_empty() => return fail("--instance-id is empty".into()),
+            Some(id) => id.clone(),
+            None => default_instance_id(),
+        };
+        Ok(Config {
+            brokers,
+            embedded_kafka: self.embedded_kafka,
+            data_dir: self.data_dir.clone(),
+            http_addr: self.http_addr,
+            group_id: self.group_id.clone(),
+            instance_id,
+            dead_letter_topic: self.dead_letter_topic.clone(),
+            dead_letter_partitions: self.dead_letter_partitions,
+            contract,
+            sync: self.sync,
+            fire_max_attempts: self.fire_max_attempts,
+            retry_backoff_max_ms,
+            in_flight: self.in_flight,
+            topic_refresh_ms,
+            kafka_config: self.kafka_config.clone(),
+            log_json,
+        })
+    }
+}
+
+fn duration(flag: &str, text: &str) -> Result<u64, ConfigError> {
+    parse_duration_ms(text).map_err(|e| ConfigError(format!("{flag}: {e}")))
+}
+
+fn default_instance_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("kafka-delay-{host}")
+}
+
+/// Whether a librdkafka property holds a secret that must never be printed.
+pub fn is_secret(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    ["password", "secret", "key.pem", "ssl.key", "token", "jaas", "credential"]
+        .iter()
+        .any(|s| k.contains(s))
+        || k == "sasl.oauthbearer.config"
+}
+
+/// One librdkafka property given with `--kafka-config KEY=VALUE`. Its `Debug` never shows a
+/// secret value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KafkaProp {
+    /// Property name.
+    pub key: String,
+    /// Property value.
+    pub value: String,
+}
+
+impl std::fmt::Debug for KafkaProp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if is_secret(&self.key) {
+            write!(f, "{}=[redacted]", self.key)
+        } else {
+            write!(f, "{}={}", self.key, self.value)
+        }
+    }
+}
+
+fn parse_kafka_prop(item: &str) -> Result<KafkaProp, String> {
+    let Some((k, v)) = item.split_once('=') else {
+        return Err("expected KEY=VALUE (a librdkafka property)".into());
+    };
+    let key = k.trim();
+    if key.is_empty() {
+        return Err("empty KEY in KEY=VALUE".into());
+    }
+    Ok(KafkaProp {
+        key: key.to_owned(),
+        value: v.to_owned(),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Config, String> {
+        let mut full = vec!["kafka-delay", "run"];
+        full.extend_from_slice(args);
+        let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
+        match cli.command {
+            Command::Run(a) => a.validate().map_err(|e| e.0),
+            Command::Sandbox(_) => unreachable!("run was parsed"),
+        }
+    }
+
+    #[test]
+    fn defaults_are_sane() {
+        let c = parse(&["--brokers", "127.0.0.1:9092"]).unwrap();
+        assert_eq!(c.dead_letter_topic, "delay-dead-letter");
+        assert_eq!(c.contract.max_delay_ms, 365 * 86_400_000);
+        assert!(c.contract.source_pattern.is_match("delay.30s"));
+        assert!(!c.contract.source_pattern.is_match(&c.dead_letter_topic));
+        assert!(c.instance_id.starts_with("kafka-delay-"));
+        assert!(!c.sync);
+    }
+
+    #[test]
+    fn bad_flags_say_what_to_fix() {
+        let cases: [(&[&str], &str); 11] = [
+            (&[], "--brokers"),
+            (&["--brokers", "a:1", "--embedded-kafka"], "exclude each other"),
+            (&["--brokers", "a:1", "--source-pattern", "(["], "--source-pattern"),
+            (&["--brokers", "a:1", "--max-delay", "10 days"], "--max-delay"),
+            (&["--brokers", "a:1", "--dead-letter-topic", "delay.dead"], "would loop"),
+            (&["--brokers", "a:1", "--dead-letter-topic", "__dlt"], "internal"),
+            (&["--brokers", "a:1", "--kafka-config", "nokey"], "KEY=VALUE"),
+            (&["--brokers", "a:1", "--kafka-config", "group.id=x"], "--group-id"),
+            (&["--brokers", "a:1", "--log-format", "xml"], "plain or json"),
+            (&["--brokers", "a:1", "--target-allow", "("], "--target-allow"),
+            (&["--brokers", "a:1", "--fire-max-attempts", "0"], "at least 1"),
+        ];
+        for (args, want) in cases {
+            let err = parse(args).unwrap_err();
+            assert!(err.contains(want), "{args:?}: {err}");
+        }
+        let err = parse(&["--brokers", "a:1", "--http-addr", "nowhere"]).unwrap_err();
+        assert!(err.contains("--http-addr"), "{err}");
+    }
+
+    #[test]
+    fn kafka_config_passes_through_and_secrets_are_redacted() {
+        let c = parse(&[
+            "--brokers",
+            "a:1",
+            "--kafka-config",
+            "sasl.password=hunter2",
+            "--kafka-config",
+            "linger.ms=5",
+        ])
+        .unwrap();
+        assert_eq!(c.kafka_config[0].value, "hunter2");
+        let shown = format!("{c:?}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(shown.contains("linger.ms"));
+    }
+}

@@ -1,0 +1,98 @@
+//! Consumer callbacks: on assignment, each partition resumes from the offset stored in RocksDB
+//! (the durable checkpoint), not from Kafka's committed offset, which may lag behind it.
+
+use std::sync::Arc;
+
+use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::ClientContext;
+use tracing::{error, info};
+
+use crate::store::Store;
+
+/// Context of the ingest consumer.
+#[derive(Debug, Clone)]
+pub struct IngestContext {
+    /// Where stored offsets are read from.
+    pub store: Arc<Store>,
+}
+
+impl ClientContext for IngestContext {}
+
+impl IngestContext {
+    /// Sets every partition of `tpl` that has an offset in the store to start there; returns
+    /// how many did.
+    fn seed_offsets(&self, tpl: &mut TopicPartitionList) -> usize {
+        let parts: Vec<(String, i32)> = tpl
+            .elements()
+            .iter()
+            .map(|e| (e.topic().to_owned(), e.partition()))
+            .collect();
+        let mut seeded = 0;
+        for (topic, partition) in parts {
+            let Some(pid) = self.store.lookup_partition(&topic, partition) else {
+                continue;
+            };
+            match self.store.next_offset(pid) {
+                Ok(Some(offset)) => {
+                    if tpl
+                        .set_partition_offset(&topic, partition, Offset::Offset(offset))
+                        .is_ok()
+                    {
+                        seeded += 1;
+                    }
+                }
+                Ok(None) => {}
+                Err(e) => error!(%topic, partition, error = %e, "cannot read the stored offset"),
+            }
+        }
+        seeded
+    }
+}
+
+impl ConsumerContext for IngestContext {
+    fn rebalance(
+        &self,
+        consumer: &BaseConsumer<Self>,
+        err: RDKafkaRespErr,
+        tpl: &mut TopicPartitionList,
+    ) {
+        let cooperative = matches!(consumer.rebalance_protocol(), RebalanceProtocol::Cooperative);
+        match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                let seeded = self.seed_offsets(tpl);
+                let result = if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                };
+                match result {
+                    Ok(()) => info!(
+                        partitions = tpl.count(),
+                        resumed_from_store = seeded,
+                        "source partitions assigned"
+                    ),
+                    Err(e) => error!(error = %e, "assigning source partitions failed"),
+                }
+            }
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                let result = if cooperative {
+                    consumer.incremental_unassign(tpl)
+                } else {
+                    consumer.unassign()
+                };
+                match result {
+                    Ok(()) => info!(partitions = tpl.count(), "source partitions revoked"),
+                    Err(e) => error!(error = %e, "revoking source partitions failed"),
+                }
+            }
+            other => {
+                error!(error = ?other, "rebalance error; unassigning");
+                if let Err(e) = consumer.unassign() {
+                    error!(error = %e, "unassign after a rebalance error failed");
+                }
+            }
+        }
+    }
+}

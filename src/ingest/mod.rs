@@ -1,0 +1,273 @@
+//! The ingest task: Kafka record -> contract -> dead letter or store -> offset -> wheel.
+//!
+//! Records are taken in groups (whatever the consumer has ready, up to 512) so that one RocksDB
+//! write batch, and one fsync when `sync` is on, covers many records (group commit). For each
+//! group, in this order:
+//! 1. every record is interpreted; a rejected record is written to the dead-letter topic and
+//!    acknowledged before anything else happens to its offset;
+//! 2. one write batch stores the records, cancels, replacements and the next offset of every
+//!    partition in the group;
+//! 3. the offsets are stored in the consumer for its next (auto-)commit;
+//! 4. the new records go to the scheduler.
+//!
+//! A record below the offset already stored for its partition was ingested before a crash and
+//! is skipped. A RocksDB write failure (a full disk) pauses consumption and is retried; no
+//! offset is stored for anything not in RocksDB. The task never sleeps on a due time.
+
+mod context;
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{Message, OwnedMessage};
+use tokio::sync::watch;
+use tracing::{debug, error, info, warn};
+
+pub use context::IngestContext;
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::kafka::{base_config, headers_from, KafkaSetupError};
+use crate::metrics::Metrics;
+use crate::publish::dead_letter::{DeadLetter, DeadLetters, Origin};
+use crate::record::{Command, Contract, Incoming};
+use crate::scheduler::Inserts;
+use crate::store::{IngestOp, Pid, Store};
+
+/// Most records in one group.
+const MAX_GROUP: usize = 512;
+
+/// Creates the consumer and subscribes it to the source pattern.
+///
+/// # Errors
+/// [`KafkaSetupError::Client`] for an invalid property or pattern.
+pub fn consumer(
+    config: &Config,
+    store: Arc<Store>,
+) -> Result<StreamConsumer<IngestContext>, KafkaSetupError> {
+    let mut c = base_config(config);
+    c.set("group.id", &config.group_id)
+        .set("group.instance.id", &config.instance_id)
+        .set("enable.auto.offset.store", "false")
+        .set("allow.auto.create.topics", "false")
+        .set(
+            "topic.metadata.refresh.interval.ms",
+            config.topic_refresh_ms.to_string(),
+        );
+    let defaults = [
+        ("enable.auto.commit", "true"),
+        ("auto.commit.interval.ms", "1000"),
+        ("auto.offset.reset", "earliest"),
+        // Low enough that a restarted instance is consuming again within seconds even where
+        // the cluster does not honour static membership; the minimum Kafka brokers allow.
+        ("session.timeout.ms", "6000"),
+        ("isolation.level", "read_committed"),
+    ];
+    for (k, v) in defaults {
+        if !config.kafka_config.iter().any(|p| p.key == k) {
+            c.set(k, v);
+        }
+    }
+    let consumer: StreamConsumer<IngestContext> = c
+        .create_with_context(IngestContext { store })
+        .map_err(|source| KafkaSetupError::Client {
+            client: "consumer",
+            source,
+        })?;
+    // librdkafka treats a subscription starting with ^ as a regex.
+    let pattern = config.contract.source_pattern.as_str();
+    let subscription = if pattern.starts_with('^') {
+        pattern.to_owned()
+    } else {
+        format!("^.*{pattern}")
+    };
+    consumer
+        .subscribe(&[&subscription])
+        .map_err(|source| KafkaSetupError::Client {
+            client: "consumer subscription",
+            source,
+        })?;
+    Ok(consumer)
+}
+
+/// The ingest task's state.
+pub struct Ingest {
+    /// The subscribed consumer.
+    pub consumer: StreamConsumer<IngestContext>,
+    /// The store.
+    pub store: Arc<Store>,
+    /// The header contract.
+    pub contract: Contract,
+    /// Wall clock.
+    pub clock: Arc<dyn Clock>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// New records go here.
+    pub scheduler: Inserts,
+    /// Rejected records go here.
+    pub dead: DeadLetters,
+    /// Next offset to ingest per partition (anything below was stored before).
+    pub next_offsets: HashMap<Pid, i64>,
+    /// False while RocksDB refuses writes.
+    pub store_healthy: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Ingest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ingest")
+            .field("partitions", &self.next_offsets.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ingest {
+    /// Runs until `shutdown`, then commits the stored offsets.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        loop {
+            let first = tokio::select! {
+                biased;
+                _ = shutdown.wait_for(|s| *s) => break,
+                m = self.consumer.recv() => m,
+            };
+            let first = match first {
+                Ok(m) => m.detach(),
+                Err(e) => {
+                    warn!(error = %e, "consumer error");
+                    continue;
+                }
+            };
+            let mut group = vec![first];
+            while group.len() < MAX_GROUP {
+                match tokio::time::timeout(Duration::ZERO, self.consumer.recv()).await {
+                    Ok(Ok(m)) => group.push(m.detach()),
+                    _ => break,
+                }
+            }
+            self.process(group).await;
+        }
+        match self.consumer.commit_consumer_state(CommitMode::Sync) {
+            Ok(()) => info!("offsets committed"),
+            Err(e) => debug!(error = %e, "no offsets committed at shutdown"),
+        }
+    }
+
+    async fn process(&mut self, group: Vec<OwnedMessage>) {
+        let now = self.clock.now_ms();
+        let mut ops = Vec::with_capacity(group.len());
+        let mut dead = Vec::new();
+        let mut last: HashMap<(String, i32), i64> = HashMap::new();
+        for m in &group {
+            let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
+            let pid = self.partition_id(topic, partition).await;
+            if offset < self.next_offsets.get(&pid).copied().unwrap_or(0) {
+                continue; // stored before a crash; Kafka's commit had not caught up
+            }
+            self.metrics.ingested.with_label_values(&[topic]).inc();
+            let headers = headers_from(m.headers());
+            let incoming = Incoming {
+                topic,
+                timestamp_ms: m.timestamp().to_millis().and_then(|t| u64::try_from(t).ok()),
+                key: m.key(),
+                value: m.payload(),
+                headers: &headers,
+            };
+            match self.contract.interpret(&incoming, now) {
+                Ok(Command::Schedule(schedule)) => ops.push(IngestOp::Schedule {
+                    pid,
+                    offset,
+                    schedule,
+                }),
+                Ok(Command::Cancel { id }) => ops.push(IngestOp::Cancel { pid, offset, id }),
+                Err(reject) => {
+                    debug!(%topic, partition, offset, reason = %reject.reason, detail = %reject.detail,
+                           "record rejected");
+                    self.metrics
+                        .rejected
+                        .with_label_values(&[reject.reason.code()])
+                        .inc();
+                    ops.push(IngestOp::Skip { pid, offset });
+                    dead.push(DeadLetter {
+                        key: m.key().map(<[u8]>::to_vec),
+                        value: m.payload().map(<[u8]>::to_vec),
+                        headers,
+                        reject,
+                        origin: Origin {
+                            topic: topic.to_owned(),
+                            partition,
+                            offset,
+                        },
+                    });
+                }
+            }
+            last.insert((topic.to_owned(), partition), offset);
+        }
+        if ops.is_empty() {
+            return;
+        }
+        for dl in &dead {
+            self.dead_letter(dl).await;
+        }
+        let applied = self.apply(ops).await;
+        for ((topic, partition), offset) in &last {
+            if let Err(e) = self.consumer.store_offset(topic, *partition, *offset) {
+                debug!(%topic, partition, error = %e, "offset not stored (partition revoked?)");
+            }
+            if let Some(pid) = self.store.lookup_partition(topic, *partition) {
+                self.next_offsets.insert(pid, offset + 1);
+            }
+        }
+        self.metrics.replaced.inc_by(applied.replaced as u64);
+        self.metrics.cancelled.inc_by(applied.cancelled as u64);
+        self.metrics.pending.set(self.store.pending() as i64);
+        if !applied.inserted.is_empty() && self.scheduler.send(applied.inserted).await.is_err() {
+            warn!("scheduler stopped; new records will be loaded from RocksDB at the next start");
+        }
+    }
+
+    async fn partition_id(&self, topic: &str, partition: i32) -> Pid {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match self.store.partition_id(topic, partition) {
+                Ok(pid) => return pid,
+                Err(e) => {
+                    error!(%topic, partition, error = %e, "cannot register source partition; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+    }
+
+    async fn dead_letter(&self, dl: &DeadLetter) {
+        let mut delay = Duration::from_secs(1);
+        while let Err(e) = self.dead.deliver(dl, Duration::from_secs(60)).await {
+            error!(error = %e, "cannot write a dead letter; consumption paused until it succeeds");
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(30));
+        }
+    }
+
+    async fn apply(&self, ops: Vec<IngestOp>) -> crate::store::Applied {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            let store = self.store.clone();
+            let batch = ops.clone();
+            match tokio::task::spawn_blocking(move || store.apply(batch)).await {
+                Ok(Ok(applied)) => {
+                    self.store_healthy.store(true, Ordering::Relaxed);
+                    return applied;
+                }
+                Ok(Err(e)) => {
+                    self.store_healthy.store(false, Ordering::Relaxed);
+                    error!(error = %e, "cannot write to RocksDB; consumption paused, retrying");
+                }
+                Err(e) => error!(error = %e, "store write task failed; retrying"),
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(10));
+        }
+    }
+}

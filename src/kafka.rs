@@ -1,0 +1,316 @@
+//! librdkafka client settings, header conversion, and the embedded Kafka-protocol cluster.
+
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Headers, OwnedHeaders};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::{DefaultProducerContext, FutureProducer, Producer};
+
+use crate::config::Config;
+use crate::record::Header;
+
+/// Errors talking to Kafka at start-up.
+#[derive(Debug, thiserror::Error)]
+pub enum KafkaSetupError {
+    /// A client could not be created (bad property, bad value).
+    #[error("cannot create the Kafka {client}: {source} (check --kafka-config)")]
+    Client {
+        /// Which client.
+        client: &'static str,
+        /// librdkafka's error.
+        source: KafkaError,
+    },
+    /// The dead-letter topic does not exist and cannot be created.
+    #[error("dead-letter topic '{topic}' does not exist and could not be created: {detail}; create it, or name an existing one with --dead-letter-topic")]
+    DeadLetterTopic {
+        /// The topic.
+        topic: String,
+        /// What failed.
+        detail: String,
+    },
+    /// The cluster did not answer.
+    #[error("Kafka at {brokers} did not answer a metadata request: {source}")]
+    Unreachable {
+        /// Bootstrap servers.
+        brokers: String,
+        /// librdkafka's error.
+        source: KafkaError,
+    },
+    /// The embedded cluster could not start.
+    #[error("cannot start the embedded Kafka cluster: {0}")]
+    Embedded(KafkaError),
+}
+
+/// Properties shared by every client: bootstrap servers and the user's `--kafka-config`.
+pub fn base_config(config: &Config) -> ClientConfig {
+    let mut c = ClientConfig::new();
+    c.set("bootstrap.servers", &config.brokers);
+    c.set("client.id", "kafka-delay");
+    for prop in &config.kafka_config {
+        c.set(&prop.key, &prop.value);
+    }
+    c
+}
+
+/// The producer that publishes due records and dead letters.
+///
+/// Idempotent (no duplicates or reordering from librdkafka's own retries), Java-compatible
+/// partitioning (murmur2 of the key), never auto-creates a topic, and reports an unknown
+/// target within seconds instead of after the default 30 s.
+///
+/// # Errors
+/// [`KafkaSetupError::Client`] for an invalid property.
+pub fn producer(config: &Config) -> Result<FutureProducer, KafkaSetupError> {
+    let mut c = base_config(config);
+    c.set("enable.idempotence", "true")
+        .set("partitioner", "murmur2_random")
+        .set("allow.auto.create.topics", "false")
+        .set("topic.metadata.propagation.max.ms", "3000")
+        .set("message.timeout.ms", "30000");
+    set_default(&mut c, config, "linger.ms", "5");
+    set_default(&mut c, config, "compression.type", "lz4");
+    // The user's properties win over our defaults but never over the rules above.
+    for prop in &config.kafka_config {
+        if !matches!(
+            prop.key.as_str(),
+            "enable.idempotence" | "allow.auto.create.topics"
+        ) {
+            c.set(&prop.key, &prop.value);
+        }
+    }
+    c.create().map_err(|source| KafkaSetupError::Client {
+        client: "producer",
+        source,
+    })
+}
+
+fn set_default(c: &mut ClientConfig, config: &Config, key: &str, value: &str) {
+    if !config.kafka_config.iter().any(|p| p.key == key) {
+        c.set(key, value);
+    }
+}
+
+/// Makes sure the dead-letter topic exists: metadata first, then CreateTopics.
+///
+/// # Errors
+/// [`KafkaSetupError::DeadLetterTopic`] when it is missing and cannot be created.
+pub async fn ensure_dead_letter_topic(
+    config: &Config,
+    producer: &FutureProducer,
+) -> Result<(), KafkaSetupError> {
+    let topic = config.dead_letter_topic.clone();
+    if topic_exists(producer, &topic, &config.brokers).await? {
+        return Ok(());
+    }
+    let admin: AdminClient<DefaultClientContext> =
+        base_config(config)
+            .create()
+            .map_err(|source| KafkaSetupError::Client {
+                client: "admin client",
+                source,
+            })?;
+    let new = NewTopic::new(
+        &topic,
+        config.dead_letter_partitions,
+        TopicReplication::Fixed(-1),
+    );
+    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let fail = |detail: String| KafkaSetupError::DeadLetterTopic {
+        topic: topic.clone(),
+        detail,
+    };
+    match admin.create_topics([&new], &opts).await {
+        Ok(results) => match results.into_iter().next() {
+            Some(Ok(_)) | Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => Ok(()),
+            Some(Err((_, code))) => Err(fail(code.to_string())),
+            None => Err(fail("no answer to CreateTopics".into())),
+        },
+        Err(e) => Err(fail(e.to_string())),
+    }
+}
+
+/// Whether `topic` exists, by a metadata request that does not create it.
+///
+/// # Errors
+/// [`KafkaSetupError::Unreachable`] when the cluster does not answer.
+pub async fn topic_exists(
+    producer: &FutureProducer,
+    topic: &str,
+    brokers: &str,
+) -> Result<bool, KafkaSetupError> {
+    let client = producer.clone();
+    let name = topic.to_owned();
+    let md = tokio::task::spawn_blocking(move || {
+        client
+            .client()
+            .fetch_metadata(Some(&name), Duration::from_secs(10))
+    })
+    .await
+    .map_err(|_| KafkaSetupError::Unreachable {
+        brokers: brokers.to_owned(),
+        source: KafkaError::Canceled,
+    })
+    .and_then(|r| {
+        r.map_err(|source| KafkaSetupError::Unreachable {
+            brokers: brokers.to_owned(),
+            source,
+        })
+    })?;
+    Ok(md
+        .topics()
+        .iter()
+        .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty()))
+}
+
+/// Converts rdkafka headers to the contract's.
+pub fn headers_from<H: Headers>(headers: Option<&H>) -> Vec<Header> {
+    let Some(headers) = headers else {
+        return Vec::new();
+    };
+    headers
+        .iter()
+        .map(|h| Header {
+            key: h.key.to_owned(),
+            value: h.value.map(<[u8]>::to_vec),
+        })
+        .collect()
+}
+
+/// Converts the contract's headers to rdkafka's.
+pub fn headers_to(headers: &[Header]) -> OwnedHeaders {
+    headers.iter().fold(
+        OwnedHeaders::new_with_capacity(headers.len()),
+        |acc, h| {
+            acc.insert(rdkafka::message::Header {
+                key: &h.key,
+                value: h.value.as_deref(),
+            })
+        },
+    )
+}
+
+/// An in-process Kafka-protocol cluster (librdkafka's mock cluster) on 127.0.0.1.
+pub struct Embedded {
+    cluster: MockCluster<'static, DefaultProducerContext>,
+}
+
+impl std::fmt::Debug for Embedded {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Embedded({})", self.cluster.bootstrap_servers())
+    }
+}
+
+impl Embedded {
+    /// Starts a cluster of `brokers` brokers.
+    ///
+    /// # Errors
+    /// [`KafkaSetupError::Embedded`] when librdkafka cannot start it.
+    pub fn start(brokers: i32) -> Result<Self, KafkaSetupError> {
+        let cluster = MockCluster::new(brokers).map_err(KafkaSetupError::Embedded)?;
+        Ok(Self { cluster })
+    }
+
+    /// `HOST:PORT[,...]` of the brokers.
+    pub fn bootstrap_servers(&self) -> String {
+        self.cluster.bootstrap_servers()
+    }
+
+    /// Creates a topic (the mock cluster has no CreateTopics API; it also auto-creates topics
+    /// with 4 partitions when a client asks for them).
+    ///
+    /// # Errors
+    /// [`KafkaSetupError::Embedded`] when librdkafka refuses.
+    pub fn create_topic(&self, topic: &str, partitions: i32) -> Result<(), KafkaSetupError> {
+        self.cluster
+            .create_topic(topic, partitions, 1)
+            .map_err(KafkaSetupError::Embedded)
+    }
+
+    /// The mock cluster itself, for fault injection in tests.
+    pub fn cluster(&self) -> &MockCluster<'static, DefaultProducerContext> {
+        &self.cluster
+    }
+}
+
+/// Kafka's murmur2 hash as the Java client computes it (`Utils.murmur2`).
+pub fn murmur2(data: &[u8]) -> i32 {
+    const SEED: u32 = 0x9747_b28c;
+    const M: u32 = 0x5bd1_e995;
+    const R: u32 = 24;
+    let len = data.len();
+    let mut h: u32 = SEED ^ (len as u32);
+    let chunks = data.chunks_exact(4);
+    let tail = chunks.remainder();
+    for chunk in chunks {
+        let mut k = u32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        k = k.wrapping_mul(M);
+        k ^= k >> R;
+        k = k.wrapping_mul(M);
+        h = h.wrapping_mul(M);
+        h ^= k;
+    }
+    if tail.len() >= 3 {
+        h ^= u32::from(tail[2]) << 16;
+    }
+    if tail.len() >= 2 {
+        h ^= u32::from(tail[1]) << 8;
+    }
+    if !tail.is_empty() {
+        h ^= u32::from(tail[0]);
+        h = h.wrapping_mul(M);
+    }
+    h ^= h >> 13;
+    h = h.wrapping_mul(M);
+    h ^= h >> 15;
+    h as i32
+}
+
+/// The partition the Java client's default partitioner picks for a key.
+pub fn java_partition(key: &[u8], partitions: i32) -> i32 {
+    (murmur2(key) & 0x7fff_ffff) % partitions
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn murmur2_matches_the_java_client() {
+        // Test vectors from Kafka's own UtilsTest.testMurmur2.
+        let cases: [(&str, i32); 6] = [
+            ("21", -973_932_308),
+            ("foobar", -790_332_482),
+            ("a-little-bit-long-string", -985_981_536),
+            ("a-little-bit-longer-string", -1_486_304_829),
+            ("lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58_897_971),
+            ("abc", 479_470_107),
+        ];
+        for (input, want) in cases {
+            assert_eq!(murmur2(input.as_bytes()), want, "{input}");
+        }
+    }
+
+    #[test]
+    fn headers_convert_both_ways() {
+        let hs = vec![
+            Header::new("a", "1"),
+            Header {
+                key: "b".into(),
+                value: None,
+            },
+        ];
+        let owned = headers_to(&hs);
+        let back: Vec<Header> = owned
+            .iter()
+            .map(|h| Header {
+                key: h.key.to_owned(),
+                value: h.value.map(<[u8]>::to_vec),
+            })
+            .collect();
+        assert_eq!(back, hs);
+    }
+}

@@ -1,0 +1,20 @@
+//! kafka-delay: a delay broker for Apache Kafka.
+//!
+//! The flow reads left to right: [`ingest`] consumes `delay.*` topics and interprets each
+//! record with [`record`], [`store`] keeps it durably in RocksDB, the [`scheduler`] owns the
+//! in-memory [`wheel`] and hands due records to [`publish`], which produces them to their target
+//! topic and deletes them once delivered. [`app`] wires them together.
+#![forbid(unsafe_code)]
+
+pub mod app;
+pub mod clock;
+pub mod config;
+pub mod http;
+pub mod ingest;
+pub mod kafka;
+pub mod metrics;
+pub mod publish;
+pub mod record;
+pub mod scheduler;
+pub mod store;
+pub mod wheel;

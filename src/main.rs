@@ -1,0 +1,119 @@
+//! The `kafka-delay` binary: parse flags, set up logging, run until SIGTERM/SIGINT.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use kafka_delay::clock::SystemClock;
+use kafka_delay::config::{Cli, Command, Config};
+use kafka_delay::kafka::Embedded;
+use prometheus::Registry;
+use tokio::signal::unix::{signal, SignalKind};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => {
+            let config = match args.validate() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("kafka-delay: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            init_logging(config.log_json);
+            exit(runtime().and_then(|rt| rt.block_on(run(config))))
+        }
+        Command::Sandbox(args) => {
+            init_logging(false);
+            exit(runtime().and_then(|rt| rt.block_on(sandbox(args.brokers))))
+        }
+    }
+}
+
+fn exit(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("kafka-delay: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn init_logging(json: bool) {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KAFKA_DELAY_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,librdkafka=warn,rdkafka=warn"));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Prints the one line tools wait for, and flushes it.
+fn announce(bootstrap: &str) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "bootstrap.servers={bootstrap}")?;
+    out.flush()?;
+    Ok(())
+}
+
+async fn stop_signal() -> anyhow::Result<()> {
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    Ok(())
+}
+
+fn start_embedded(config: &mut Config) -> anyhow::Result<Embedded> {
+    let embedded = Embedded::start(1)?;
+    embedded.create_topic(&config.dead_letter_topic, config.dead_letter_partitions)?;
+    config.brokers = embedded.bootstrap_servers();
+    Ok(embedded)
+}
+
+async fn run(mut config: Config) -> anyhow::Result<()> {
+    let embedded = if config.embedded_kafka {
+        Some(start_embedded(&mut config)?)
+    } else {
+        None
+    };
+    let running = kafka_delay::app::start(config, Arc::new(SystemClock), Registry::new()).await?;
+    if let Some(e) = &embedded {
+        announce(&e.bootstrap_servers())?;
+    }
+    stop_signal().await?;
+    running.shutdown().await;
+    drop(embedded);
+    Ok(())
+}
+
+async fn sandbox(brokers: i32) -> anyhow::Result<()> {
+    if brokers < 1 {
+        anyhow::bail!("--brokers must be at least 1");
+    }
+    let embedded = Embedded::start(brokers)?;
+    embedded.create_topic("delay-dead-letter", 1)?;
+    tracing::info!(bootstrap = %embedded.bootstrap_servers(), "sandbox cluster running");
+    announce(&embedded.bootstrap_servers())?;
+    stop_signal().await?;
+    drop(embedded);
+    Ok(())
+}

@@ -1,0 +1,200 @@
+//! Prometheus metrics, all registered in one place against a registry that is passed in, so
+//! tests get their own registry. Names: `kafka_delay_<subsystem>_<what>_<unit>`; labels are
+//! bounded (source topic, target topic, reason code, error kind), never a key or an id.
+
+use prometheus::{
+    Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+};
+
+/// Lateness buckets in seconds: fine enough to show milliseconds, wide enough for outages.
+const LATENESS_BUCKETS: [f64; 18] = [
+    0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+    60.0, 300.0, 3_600.0,
+];
+
+/// Every metric of the broker.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    /// Records consumed from delay topics, by source topic.
+    pub ingested: IntCounterVec,
+    /// Records that could not be scheduled, by reason code.
+    pub rejected: IntCounterVec,
+    /// Pending records replaced by a newer record with the same id.
+    pub replaced: IntCounter,
+    /// Pending records cancelled by id.
+    pub cancelled: IntCounter,
+    /// Records published to their target, by target topic.
+    pub fired: IntCounterVec,
+    /// Records sent to the dead-letter topic, by reason code (ingest and fire).
+    pub dead_lettered: IntCounterVec,
+    /// Failed produce attempts, by error kind.
+    pub produce_errors: IntCounterVec,
+    /// Wheel entries skipped at fire time because their record was cancelled or replaced.
+    pub fire_skipped: IntCounter,
+    /// Records pending in RocksDB.
+    pub pending: IntGauge,
+    /// Entries in the in-memory timing wheel.
+    pub wheel_entries: IntGauge,
+    /// Fire time minus due time (the wheel's lateness).
+    pub fire_lateness: Histogram,
+    /// Delivery acknowledgement time minus due time (end to end).
+    pub delivery_lateness: Histogram,
+    /// Records loaded from RocksDB at the last start.
+    pub recovered: IntGauge,
+    /// 1 once recovery is done and the broker is consuming.
+    pub ready: IntGauge,
+    /// Build information.
+    pub build_info: IntGaugeVec,
+}
+
+impl Metrics {
+    /// Creates and registers every metric.
+    ///
+    /// # Errors
+    /// A registration error (a name registered twice in the same registry).
+    pub fn new(registry: &Registry) -> Result<Self, prometheus::Error> {
+        fn reg<T: prometheus::core::Collector + Clone + 'static>(
+            r: &Registry,
+            m: T,
+        ) -> Result<T, prometheus::Error> {
+            r.register(Box::new(m.clone()))?;
+            Ok(m)
+        }
+        let counter_vec = |name: &str, help: &str, label: &str| {
+            reg(registry, IntCounterVec::new(Opts::new(name, help), &[label])?)
+        };
+        let lateness = |name: &str, help: &str| {
+            reg(
+                registry,
+                Histogram::with_opts(
+                    HistogramOpts::new(name, help).buckets(LATENESS_BUCKETS.to_vec()),
+                )?,
+            )
+        };
+        let m = Self {
+            ingested: counter_vec(
+                "kafka_delay_ingest_records_total",
+                "Records consumed from delay topics.",
+                "topic",
+            )?,
+            rejected: counter_vec(
+                "kafka_delay_ingest_rejected_total",
+                "Records that could not be scheduled, by reason.",
+                "reason",
+            )?,
+            replaced: reg(
+                registry,
+                IntCounter::new(
+                    "kafka_delay_ingest_replaced_total",
+                    "Pending records replaced by a newer record with the same delay-id.",
+                )?,
+            )?,
+            cancelled: reg(
+                registry,
+                IntCounter::new(
+                    "kafka_delay_ingest_cancelled_total",
+                    "Pending records cancelled by id.",
+                )?,
+            )?,
+            fired: counter_vec(
+                "kafka_delay_fire_records_total",
+                "Records published to their target topic.",
+                "target",
+            )?,
+            dead_lettered: counter_vec(
+                "kafka_delay_dead_letter_records_total",
+                "Records sent to the dead-letter topic, by reason.",
+                "reason",
+            )?,
+            produce_errors: counter_vec(
+                "kafka_delay_fire_produce_errors_total",
+                "Failed produce attempts, by error kind.",
+                "kind",
+            )?,
+            fire_skipped: reg(
+                registry,
+                IntCounter::new(
+                    "kafka_delay_fire_skipped_total",
+                    "Timer entries whose record had been cancelled or replaced.",
+                )?,
+            )?,
+            pending: reg(
+                registry,
+                IntGauge::new("kafka_delay_pending_records", "Records pending in RocksDB.")?,
+            )?,
+            wheel_entries: reg(
+                registry,
+                IntGauge::new(
+                    "kafka_delay_wheel_entries",
+                    "Entries in the in-memory timing wheel.",
+                )?,
+            )?,
+            fire_lateness: lateness(
+                "kafka_delay_fire_lateness_seconds",
+                "Time the timer fired minus the record's due time.",
+            )?,
+            delivery_lateness: lateness(
+                "kafka_delay_delivery_lateness_seconds",
+                "Time the target acknowledged the record minus its due time.",
+            )?,
+            recovered: reg(
+                registry,
+                IntGauge::new(
+                    "kafka_delay_recovery_records",
+                    "Pending records loaded from RocksDB at start.",
+                )?,
+            )?,
+            ready: reg(
+                registry,
+                IntGauge::new(
+                    "kafka_delay_ready",
+                    "1 once recovery is done and the broker consumes.",
+                )?,
+            )?,
+            build_info: reg(
+                registry,
+                IntGaugeVec::new(
+                    Opts::new("kafka_delay_build_info", "Build information."),
+                    &["version"],
+                )?,
+            )?,
+        };
+        m.build_info
+            .with_label_values(&[env!("CARGO_PKG_VERSION")])
+            .set(1);
+        #[cfg(target_os = "linux")]
+        registry.register(Box::new(
+            prometheus::process_collector::ProcessCollector::for_self(),
+        ))?;
+        Ok(m)
+    }
+}
+
+/// Renders a registry in the Prometheus text format.
+pub fn render(registry: &Registry) -> String {
+    use prometheus::Encoder;
+    let mut out = Vec::new();
+    let encoder = prometheus::TextEncoder::new();
+    if encoder.encode(&registry.gather(), &mut out).is_err() {
+        return String::new();
+    }
+    String::from_utf8(out).unwrap_or_default()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_metric_registers_once_and_renders() {
+        let registry = Registry::new();
+        let m = Metrics::new(&registry).unwrap();
+        m.fired.with_label_values(&["orders"]).inc();
+        m.fire_lateness.observe(0.001);
+        let text = render(&registry);
+        assert!(text.contains("kafka_delay_fire_records_total{target=\"orders\"} 1"));
+        assert!(text.contains("kafka_delay_build_info{version="));
+        assert!(Metrics::new(&registry).is_err(), "a second registration is refused");
+        assert!(Metrics::new(&Registry::new()).is_ok(), "a fresh registry is independent");
+    }
+}

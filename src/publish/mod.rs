@@ -1,0 +1,441 @@
+//! The publish task: due record -> target topic -> delivery report -> delete from the store.
+//!
+//! For each batch of due ids from the scheduler it reads the records (one multi-get), produces
+//! each to its target with provenance headers, and hands the delivery futures to a completion
+//! task. At most `in_flight` records are between "produced" and "deleted" at once: that window
+//! bounds the duplicates a crash can cause. Delivered records are deleted in batches.
+//!
+//! Failures are classified by librdkafka error code. Transient ones (timeouts, broker down,
+//! leader changes) are retried through the scheduler with exponential backoff, without limit:
+//! the record is never dropped. Permanent ones (unknown target, authorization, too large) are
+//! retried `fire_max_attempts` times and then dead-lettered. A retry goes back through the wheel,
+//! so one unavailable target never holds up the others.
+
+pub mod dead_letter;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tracing::{error, info, warn};
+
+use crate::clock::Clock;
+use crate::kafka::headers_to;
+use crate::metrics::Metrics;
+use crate::record::{names, Header, Reason, Reject};
+use crate::scheduler::{Due, Inserts};
+use crate::store::{RecordId, Store, StoredRecord};
+use dead_letter::{DeadLetter, DeadLetters, Origin};
+
+/// How failed deliveries are retried.
+#[derive(Debug, Clone, Copy)]
+pub struct RetryPolicy {
+    /// Attempts before a permanently failing record is dead-lettered.
+    pub max_attempts: u32,
+    /// Longest backoff, ms.
+    pub backoff_max_ms: u64,
+}
+
+impl RetryPolicy {
+    /// Backoff after `attempt` failures: 100 ms doubling, capped.
+    pub fn backoff_ms(&self, attempt: u32) -> u64 {
+        100u64
+            .saturating_mul(1u64 << attempt.saturating_sub(1).min(20))
+            .min(self.backoff_max_ms)
+    }
+}
+
+/// What a failed produce means for the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// Retry later, without limit.
+    Transient,
+    /// Retry a bounded number of times, then dead-letter with this reason.
+    Permanent(Reason),
+}
+
+/// Classifies a produce error, with a bounded label for metrics.
+pub fn classify(err: &KafkaError) -> (Failure, &'static str) {
+    use RDKafkaErrorCode as C;
+    match err.rdkafka_error_code() {
+        Some(C::UnknownTopicOrPartition | C::UnknownTopic | C::UnknownPartition) => {
+            (Failure::Permanent(Reason::TargetNotFound), "unknown_topic")
+        }
+        Some(C::TopicAuthorizationFailed | C::ClusterAuthorizationFailed) => {
+            (Failure::Permanent(Reason::TargetDenied), "authorization")
+        }
+        Some(
+            C::MessageSizeTooLarge
+            | C::InvalidMessageSize
+            | C::InvalidMessage
+            | C::InvalidRecord
+            | C::PolicyViolation,
+        ) => (Failure::Permanent(Reason::DeliveryFailed), "rejected"),
+        Some(C::MessageTimedOut) => (Failure::Transient, "timeout"),
+        Some(C::QueueFull) => (Failure::Transient, "queue_full"),
+        Some(_) => (Failure::Transient, "transient"),
+        None => (Failure::Transient, "other"),
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct Attempts {
+    total: u32,
+    permanent: u32,
+}
+
+type AttemptMap = Arc<Mutex<HashMap<RecordId, Attempts>>>;
+
+struct Outcome {
+    id: RecordId,
+    record: StoredRecord,
+    result: Result<(), KafkaError>,
+    permit: OwnedSemaphorePermit,
+}
+
+/// Everything the publish side needs.
+#[derive(Clone)]
+pub struct Publisher {
+    /// The store.
+    pub store: Arc<Store>,
+    /// Idempotent producer.
+    pub producer: FutureProducer,
+    /// Dead-letter writer.
+    pub dead: DeadLetters,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// Wall clock.
+    pub clock: Arc<dyn Clock>,
+    /// Back to the scheduler, for retries.
+    pub retries: Inserts,
+    /// Retry rules.
+    pub policy: RetryPolicy,
+    /// Most records between produce and delete.
+    pub in_flight: usize,
+}
+
+impl std::fmt::Debug for Publisher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Publisher")
+            .field("policy", &self.policy)
+            .field("in_flight", &self.in_flight)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Publisher {
+    /// Runs until `shutdown` or until the scheduler closes its channel, then finishes the
+    /// deliveries in flight (deleting what was acknowledged) and flushes the producer.
+    pub async fn run(self, mut due: mpsc::Receiver<Vec<Due>>, mut shutdown: watch::Receiver<bool>) {
+        let (done_tx, done_rx) = mpsc::unbounded_channel();
+        let sem = Arc::new(Semaphore::new(self.in_flight));
+        let attempts: AttemptMap = Arc::default();
+        let completer = tokio::spawn(self.clone().complete(done_rx, attempts.clone()));
+        loop {
+            let batch = tokio::select! {
+                biased;
+                _ = shutdown.changed() => break,
+                b = due.recv() => match b { Some(b) => b, None => break },
+            };
+            self.fire(batch, &sem, &done_tx, &attempts).await;
+        }
+        drop(done_tx);
+        if completer.await.is_err() {
+            error!("publish completion task failed");
+        }
+        let producer = self.producer.clone();
+        let flushed = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(10)))
+            .await;
+        if !matches!(flushed, Ok(Ok(()))) {
+            warn!("producer flush did not finish; unacknowledged records fire again after restart");
+        }
+    }
+
+    async fn fire(
+        &self,
+        batch: Vec<Due>,
+        sem: &Arc<Semaphore>,
+        done: &mpsc::UnboundedSender<Outcome>,
+        attempts: &AttemptMap,
+    ) {
+        let ids: Vec<RecordId> = batch.iter().map(|d| d.id).collect();
+        let store = self.store.clone();
+        let records = match tokio::task::spawn_blocking(move || store.get(&ids)).await {
+            Ok(Ok(r)) => r,
+            other => {
+                let why = match other {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "read task failed".into(),
+                };
+                error!(error = %why, records = batch.len(), "cannot read due records; retrying in 1s");
+                let at = self.clock.now_ms() + 1_000;
+                let _ = self
+                    .retries
+                    .send(batch.iter().map(|d| (at, d.id)).collect())
+                    .await;
+                return;
+            }
+        };
+        for (due, record) in batch.into_iter().zip(records) {
+            let Some(record) = record else {
+                // Cancelled or replaced after it entered the wheel (lazy cancellation).
+                self.metrics.fire_skipped.inc();
+                attempts.lock().unwrap_or_else(|e| e.into_inner()).remove(&due.id);
+                continue;
+            };
+            let Ok(permit) = sem.clone().acquire_owned().await else {
+                return;
+            };
+            let outcome_tx = done.clone();
+            match self.produce(due.id, &record).await {
+                Ok(delivery) => {
+                    tokio::spawn(async move {
+                        let result = match delivery.await {
+                            Ok(Ok(_)) => Ok(()),
+                            Ok(Err((e, _))) => Err(e),
+                            Err(_) => Err(KafkaError::Canceled),
+                        };
+                        let _ = outcome_tx.send(Outcome {
+                            id: due.id,
+                            record,
+                            result,
+                            permit,
+                        });
+                    });
+                }
+                Err(e) => {
+                    let _ = outcome_tx.send(Outcome {
+                        id: due.id,
+                        record,
+                        result: Err(e),
+                        permit,
+                    });
+                }
+            }
+        }
+    }
+
+    /// Provenance headers added to every published record.
+    fn provenance(&self, id: RecordId, record: &StoredRecord) -> Vec<Header> {
+        let (topic, partition) = self.store.partition_of(id.pid()).unwrap_or_default();
+        let mut headers = record.headers.clone();
+        headers.push(Header::new(names::ORIGIN_TOPIC, topic));
+        headers.push(Header::new(names::ORIGIN_PARTITION, partition.to_string()));
+        headers.push(Header::new(names::ORIGIN_OFFSET, id.offset().to_string()));
+        headers.push(Header::new(names::DUE_MS, record.due_ms.to_string()));
+        headers.push(Header::new(names::FIRED_MS, self.clock.now_ms().to_string()));
+        headers
+    }
+
+    async fn produce(&self, id: RecordId, record: &StoredRecord) -> Result<DeliveryFuture, KafkaError> {
+        let headers = self.provenance(id, record);
+        loop {
+            let mut rec =
+                FutureRecord::<[u8], [u8]>::to(&record.target).headers(headers_to(&headers));
+            if let Some(k) = &record.key {
+                rec = rec.key(k.as_slice());
+            }
+            if let Some(v) = &record.value {
+                rec = rec.payload(v.as_slice());
+            }
+            match self.producer.send_result(rec) {
+                Ok(delivery) => return Ok(delivery),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+                    self.metrics.produce_errors.with_label_values(&["queue_full"]).inc();
+                    tokio::time::sleep(Duration::from_millis(5)).await;
+                }
+                Err((e, _)) => return Err(e),
+            }
+        }
+    }
+
+    /// The completion task: deletes delivered records in batches and routes failures.
+    async fn complete(self, mut rx: mpsc::UnboundedReceiver<Outcome>, attempts: AttemptMap) {
+        while let Some(first) = rx.recv().await {
+            let mut outcomes = vec![first];
+            while outcomes.len() < 1_024 {
+                match rx.try_recv() {
+                    Ok(o) => outcomes.push(o),
+                    Err(_) => break,
+                }
+            }
+            self.handle(outcomes, &attempts).await;
+        }
+    }
+
+    async fn handle(&self, outcomes: Vec<Outcome>, attempts: &AttemptMap) {
+        let now = self.clock.now_ms();
+        let mut finished: Vec<(RecordId, StoredRecord)> = Vec::new();
+        let mut permits = Vec::with_capacity(outcomes.len());
+        let mut retry: Vec<(u64, RecordId)> = Vec::new();
+        for o in outcomes {
+            permits.push(o.permit);
+            let err = match o.result {
+                Ok(()) => {
+                    self.metrics.fired.with_label_values(&[&o.record.target]).inc();
+                    self.metrics
+                        .delivery_lateness
+                        .observe(now.saturating_sub(o.record.due_ms) as f64 / 1000.0);
+                    attempts.lock().unwrap_or_else(|e| e.into_inner()).remove(&o.id);
+                    finished.push((o.id, o.record));
+                    continue;
+                }
+                Err(e) => e,
+            };
+            let (failure, kind) = classify(&err);
+            self.metrics.produce_errors.with_label_values(&[kind]).inc();
+            let a = {
+                let mut map = attempts.lock().unwrap_or_else(|e| e.into_inner());
+                let a = map.entry(o.id).or_default();
+                a.total += 1;
+                if matches!(failure, Failure::Permanent(_)) {
+                    a.permanent += 1;
+                }
+                *a
+            };
+            match failure {
+                Failure::Permanent(reason) if a.permanent >= self.policy.max_attempts => {
+                    if self.dead_letter(o.id, &o.record, reason, &err, a.total).await {
+                        attempts.lock().unwrap_or_else(|e| e.into_inner()).remove(&o.id);
+                        finished.push((o.id, o.record));
+                    } else {
+                        retry.push((now + self.policy.backoff_max_ms, o.id));
+                    }
+                }
+                _ => {
+                    if a.total == 1 {
+                        warn!(target = %o.record.target, error = %err, kind,
+                              "delivery failed; retrying with backoff");
+                    }
+                    retry.push((now + self.policy.backoff_ms(a.total), o.id));
+                }
+            }
+        }
+        if !finished.is_empty() {
+            self.remove(finished).await;
+        }
+        drop(permits);
+        if !retry.is_empty() && self.retries.send(retry).await.is_err() {
+            info!("scheduler stopped; records awaiting a retry fire again after restart");
+        }
+        self.metrics.pending.set(self.store.pending() as i64);
+    }
+
+    async fn dead_letter(
+        &self,
+        id: RecordId,
+        record: &StoredRecord,
+        reason: Reason,
+        err: &KafkaError,
+        attempts: u32,
+    ) -> bool {
+        let (topic, partition) = self.store.partition_of(id.pid()).unwrap_or_default();
+        let mut headers = record.headers.clone();
+        headers.push(Header::new(names::TARGET, record.target.as_str()));
+        headers.push(Header::new(names::DUE_MS, record.due_ms.to_string()));
+        let dl = DeadLetter {
+            key: record.key.clone(),
+            value: record.value.clone(),
+            headers,
+            reject: Reject::new(
+                reason,
+                format!(
+                    "publishing to '{}' failed {attempts} times; last error: {err}",
+                    record.target
+                ),
+            ),
+            origin: Origin {
+                topic,
+                partition,
+                offset: id.offset(),
+            },
+        };
+        match self.dead.deliver(&dl, Duration::from_secs(30)).await {
+            Ok(()) => {
+                warn!(target = %record.target, reason = %reason, attempts,
+                      "record dead-lettered after failed deliveries");
+                true
+            }
+            Err(e) => {
+                error!(error = %e, "cannot dead-letter an undeliverable record; retrying later");
+                false
+            }
+        }
+    }
+
+    async fn remove(&self, finished: Vec<(RecordId, StoredRecord)>) {
+        let store = self.store.clone();
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let store = store.clone();
+            let batch = finished.clone();
+            let result = tokio::task::spawn_blocking(move || {
+                let refs: Vec<(RecordId, &StoredRecord)> =
+                    batch.iter().map(|(id, r)| (*id, r)).collect();
+                store.remove_fired(&refs)
+            })
+            .await;
+            match result {
+                Ok(Ok(_)) => return,
+                Ok(Err(e)) if delay < Duration::from_secs(5) => {
+                    warn!(error = %e, "cannot delete delivered records yet; retrying");
+                }
+                other => {
+                    error!(result = ?other.map(|r| r.map(|_| ())), records = finished.len(),
+                           "giving up deleting delivered records; they fire again after restart");
+                    return;
+                }
+            }
+            tokio::time::sleep(delay).await;
+            delay *= 2;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn backoff_doubles_and_is_capped() {
+        let p = RetryPolicy {
+            max_attempts: 3,
+            backoff_max_ms: 1_000,
+        };
+        assert_eq!(
+            (1..=6).map(|a| p.backoff_ms(a)).collect::<Vec<_>>(),
+            vec![100, 200, 400, 800, 1_000, 1_000]
+        );
+        assert_eq!(p.backoff_ms(u32::MAX), 1_000);
+    }
+
+    #[test]
+    fn errors_are_classified_by_code() {
+        let e = |c| KafkaError::MessageProduction(c);
+        assert_eq!(
+            classify(&e(RDKafkaErrorCode::UnknownTopicOrPartition)).0,
+            Failure::Permanent(Reason::TargetNotFound)
+        );
+        assert_eq!(
+            classify(&e(RDKafkaErrorCode::UnknownTopic)).0,
+            Failure::Permanent(Reason::TargetNotFound)
+        );
+        assert_eq!(
+            classify(&e(RDKafkaErrorCode::TopicAuthorizationFailed)).0,
+            Failure::Permanent(Reason::TargetDenied)
+        );
+        assert_eq!(
+            classify(&e(RDKafkaErrorCode::MessageSizeTooLarge)).0,
+            Failure::Permanent(Reason::DeliveryFailed)
+        );
+        assert_eq!(classify(&e(RDKafkaErrorCode::MessageTimedOut)).0, Failure::Transient);
+        assert_eq!(
+            classify(&e(RDKafkaErrorCode::NotLeaderForPartition)).0,
+            Failure::Transient
+        );
+        assert_eq!(classify(&KafkaError::Canceled).0, Failure::Transient);
+    }
+}

@@ -1,0 +1,304 @@
+//! Byte layouts of keys and values. Keys are big-endian so byte order equals numeric order.
+//!
+//! | column   | key                                   | value                              |
+//! |----------|---------------------------------------|------------------------------------|
+//! | records  | `RecordId` (8 B)                      | [`StoredRecord`] (versioned binary) |
+//! | due      | `due_ms` (8 B) ++ `RecordId` (8 B)    | empty                              |
+//! | ids      | `pid` (2 B) ++ delay-id bytes         | `RecordId` (8 B) ++ `due_ms` (8 B) |
+//! | offsets  | `pid` (2 B)                           | next offset to ingest (8 B)        |
+//! | meta     | `p` ++ topic ++ `0x00` ++ partition   | `pid` (2 B)                        |
+
+use crate::record::Header;
+
+/// Dense id of a source partition (topic, partition) in this store; at most 65,536 of them.
+pub type Pid = u16;
+
+/// Identity of a pending record: its source partition and offset, packed big-endian into a u64
+/// (`pid` in the top 16 bits, offset in the low 48).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct RecordId(pub u64);
+
+/// Offsets must be below 2^48 to fit a [`RecordId`].
+pub const MAX_OFFSET: i64 = (1 << 48) - 1;
+
+impl RecordId {
+    /// The id of the record at `offset` of source partition `pid`; `None` if the offset does
+    /// not fit in 48 bits or is negative.
+    pub fn new(pid: Pid, offset: i64) -> Option<Self> {
+        (0..=MAX_OFFSET)
+            .contains(&offset)
+            .then(|| RecordId((u64::from(pid) << 48) | offset as u64))
+    }
+
+    /// The source partition.
+    pub fn pid(self) -> Pid {
+        (self.0 >> 48) as Pid
+    }
+
+    /// The source offset.
+    pub fn offset(self) -> i64 {
+        (self.0 & ((1 << 48) - 1)) as i64
+    }
+
+    /// Big-endian bytes.
+    pub fn to_bytes(self) -> [u8; 8] {
+        self.0.to_be_bytes()
+    }
+}
+
+/// Key of the due index.
+pub fn due_key(due_ms: u64, id: RecordId) -> [u8; 16] {
+    let mut k = [0u8; 16];
+    k[..8].copy_from_slice(&due_ms.to_be_bytes());
+    k[8..].copy_from_slice(&id.to_bytes());
+    k
+}
+
+/// Splits a due-index key; `None` if it is not 16 bytes.
+pub fn split_due_key(key: &[u8]) -> Option<(u64, RecordId)> {
+    let due = u64::from_be_bytes(key.get(..8)?.try_into().ok()?);
+    let id = u64::from_be_bytes(key.get(8..16)?.try_into().ok()?);
+    (key.len() == 16).then_some((due, RecordId(id)))
+}
+
+/// Key of the ids column.
+pub fn id_key(pid: Pid, id: &[u8]) -> Vec<u8> {
+    let mut k = Vec::with_capacity(2 + id.len());
+    k.extend_from_slice(&pid.to_be_bytes());
+    k.extend_from_slice(id);
+    k
+}
+
+/// Value of the ids column.
+pub fn id_value(rid: RecordId, due_ms: u64) -> [u8; 16] {
+    let mut v = [0u8; 16];
+    v[..8].copy_from_slice(&rid.to_bytes());
+    v[8..].copy_from_slice(&due_ms.to_be_bytes());
+    v
+}
+
+/// Splits a value of the ids column.
+pub fn split_id_value(value: &[u8]) -> Option<(RecordId, u64)> {
+    let rid = u64::from_be_bytes(value.get(..8)?.try_into().ok()?);
+    let due = u64::from_be_bytes(value.get(8..16)?.try_into().ok()?);
+    Some((RecordId(rid), due))
+}
+
+/// Key of a partition in the meta column.
+pub fn partition_key(topic: &str, partition: i32) -> Vec<u8> {
+    let mut k = Vec::with_capacity(topic.len() + 6);
+    k.push(b'p');
+    k.extend_from_slice(topic.as_bytes());
+    k.push(0);
+    k.extend_from_slice(&partition.to_be_bytes());
+    k
+}
+
+/// Splits a partition key of the meta column.
+pub fn split_partition_key(key: &[u8]) -> Option<(String, i32)> {
+    let rest = key.strip_prefix(b"p")?;
+    let (topic, part) = rest.split_at(rest.len().checked_sub(5)?);
+    if part.first() != Some(&0) {
+        return None;
+    }
+    let partition = i32::from_be_bytes(part[1..].try_into().ok()?);
+    Some((String::from_utf8(topic.to_vec()).ok()?, partition))
+}
+
+/// A pending record as stored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StoredRecord {
+    /// Due time, epoch ms.
+    pub due_ms: u64,
+    /// Target topic.
+    pub target: String,
+    /// Identity for reschedule and cancel.
+    pub id: Option<Vec<u8>>,
+    /// Key to publish with.
+    pub key: Option<Vec<u8>>,
+    /// Value to publish.
+    pub value: Option<Vec<u8>>,
+    /// Headers to publish.
+    pub headers: Vec<Header>,
+}
+
+const VERSION: u8 = 1;
+
+fn put_bytes(out: &mut Vec<u8>, b: Option<&[u8]>) {
+    match b {
+        None => out.extend_from_slice(&u32::MAX.to_be_bytes()),
+        Some(b) => {
+            out.extend_from_slice(&(b.len() as u32).to_be_bytes());
+            out.extend_from_slice(b);
+        }
+    }
+}
+
+impl StoredRecord {
+    /// Encodes the record (version 1 layout).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(
+            64 + self.value.as_ref().map_or(0, Vec::len) + self.key.as_ref().map_or(0, Vec::len),
+        );
+        out.push(VERSION);
+        out.extend_from_slice(&self.due_ms.to_be_bytes());
+        put_bytes(&mut out, Some(self.target.as_bytes()));
+        put_bytes(&mut out, self.id.as_deref());
+        put_bytes(&mut out, self.key.as_deref());
+        put_bytes(&mut out, self.value.as_deref());
+        out.extend_from_slice(&(self.headers.len() as u32).to_be_bytes());
+        for h in &self.headers {
+            put_bytes(&mut out, Some(h.key.as_bytes()));
+            put_bytes(&mut out, h.value.as_deref());
+        }
+        out
+    }
+
+    /// Decodes a record.
+    ///
+    /// # Errors
+    /// A message naming what is wrong when the bytes are not a version 1 record.
+    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let mut r = Reader { bytes, pos: 0 };
+        let version = r.take(1)?[0];
+        if version != VERSION {
+            return Err(format!("unknown record version {version}"));
+        }
+        let due_ms = u64::from_be_bytes(r.take(8)?.try_into().map_err(|_| "due")?);
+        let target = r.string()?.ok_or("record without a target")?;
+        let id = r.bytes()?.map(<[u8]>::to_vec);
+        let key = r.bytes()?.map(<[u8]>::to_vec);
+        let value = r.bytes()?.map(<[u8]>::to_vec);
+        let count = u32::from_be_bytes(r.take(4)?.try_into().map_err(|_| "count")?);
+        let mut headers = Vec::with_capacity(count.min(1024) as usize);
+        for _ in 0..count {
+            let key = r.string()?.ok_or("header without a name")?;
+            let value = r.bytes()?.map(<[u8]>::to_vec);
+            headers.push(Header { key, value });
+        }
+        if r.pos != bytes.len() {
+            return Err(format!("{} trailing bytes", bytes.len() - r.pos));
+        }
+        Ok(Self {
+            due_ms,
+            target,
+            id,
+            key,
+            value,
+            headers,
+        })
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self.pos.checked_add(n).filter(|e| *e <= self.bytes.len());
+        let end = end.ok_or_else(|| format!("truncated at byte {}", self.pos))?;
+        let out = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(out)
+    }
+
+    fn bytes(&mut self) -> Result<Option<&'a [u8]>, String> {
+        let len = u32::from_be_bytes(self.take(4)?.try_into().map_err(|_| "len")?);
+        if len == u32::MAX {
+            return Ok(None);
+        }
+        self.take(len as usize).map(Some)
+    }
+
+    fn string(&mut self) -> Result<Option<String>, String> {
+        match self.bytes()? {
+            None => Ok(None),
+            Some(b) => String::from_utf8(b.to_vec())
+                .map(Some)
+                .map_err(|_| "string is not UTF-8".to_owned()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn record_ids_pack_and_order() {
+        let a = RecordId::new(1, 5).unwrap();
+        let b = RecordId::new(1, 6).unwrap();
+        let c = RecordId::new(2, 0).unwrap();
+        assert!(a < b && b < c);
+        assert_eq!((a.pid(), a.offset()), (1, 5));
+        assert_eq!(RecordId::new(3, MAX_OFFSET).unwrap().offset(), MAX_OFFSET);
+        assert!(RecordId::new(0, MAX_OFFSET + 1).is_none());
+        assert!(RecordId::new(0, -1).is_none());
+    }
+
+    #[test]
+    fn due_keys_sort_by_due_time_then_id() {
+        let k1 = due_key(5, RecordId(900));
+        let k2 = due_key(6, RecordId(1));
+        let k3 = due_key(256, RecordId(0));
+        assert!(k1 < k2 && k2 < k3);
+        assert_eq!(split_due_key(&k3), Some((256, RecordId(0))));
+        assert_eq!(split_due_key(&k3[..15]), None);
+    }
+
+    #[test]
+    fn id_values_and_partition_keys_round_trip() {
+        assert_eq!(
+            split_id_value(&id_value(RecordId(77), 1_234)),
+            Some((RecordId(77), 1_234))
+        );
+        assert_eq!(
+            split_partition_key(&partition_key("delay.30s", 7)),
+            Some(("delay.30s".to_owned(), 7))
+        );
+    }
+
+    fn record() -> impl Strategy<Value = StoredRecord> {
+        let bytes = || prop::option::of(prop::collection::vec(any::<u8>(), 0..40));
+        let header =
+            ("[a-z-]{0,10}", bytes()).prop_map(|(key, value)| Header { key, value });
+        (
+            any::<u64>(),
+            "[a-zA-Z0-9._-]{1,20}",
+            bytes(),
+            bytes(),
+            bytes(),
+            prop::collection::vec(header, 0..5),
+        )
+            .prop_map(|(due_ms, target, id, key, value, headers)| StoredRecord {
+                due_ms,
+                target,
+                id,
+                key,
+                value,
+                headers,
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn records_round_trip(r in record()) {
+            prop_assert_eq!(StoredRecord::decode(&r.encode()), Ok(r));
+        }
+
+        #[test]
+        fn decode_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
+            let _ = StoredRecord::decode(&bytes);
+        }
+
+        #[test]
+        fn truncated_records_are_errors(r in record(), cut in 1usize..8) {
+            let bytes = r.encode();
+            let cut = cut.min(bytes.len());
+            prop_assert!(StoredRecord::decode(&bytes[..bytes.len() - cut]).is_err());
+        }
+    }
+}

@@ -1,0 +1,583 @@
+//! Durable state in RocksDB: pending records, the due-time index, ids, and source offsets.
+//!
+//! # Durability contract
+//! Ingest: decode -> **one write batch** (records + due index + ids + the source offset) ->
+//! then the Kafka offset is stored for commit -> then the record goes into the wheel. A crash
+//! before the batch loses nothing (Kafka redelivers); a crash after it loses nothing and ingests
+//! nothing twice (the stored offset is where consumption resumes, and the ingest loop skips
+//! anything below it); the wheel is rebuilt from the due index at start.
+//!
+//! Fire: read the record -> produce -> delivery report -> **one delete batch** (record, due-index
+//! entry, id mapping if it still points at this record). A crash between the delivery report and
+//! the delete publishes the record again after restart: delivery is at-least-once, and the
+//! duplicates after a crash are bounded by the records in flight.
+//!
+//! Cleanup: a record, its due-index entry and its id mapping are deleted together when it fires,
+//! is cancelled or is replaced, so no column grows without bound; `offsets` and `meta` hold one
+//! entry per source partition.
+//!
+//! Every read-check-write (reschedule, cancel, delete after fire) runs under one mutex, so a
+//! reschedule arriving while the old record fires can never lose the new id mapping.
+
+pub mod codec;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::{Mutex, RwLock};
+
+use rocksdb::{ColumnFamilyDescriptor, Options, WriteBatch, WriteOptions, DB};
+
+use crate::record::Schedule;
+pub use codec::{Pid, RecordId, StoredRecord};
+use codec::{
+    due_key, id_key, id_value, partition_key, split_due_key, split_id_value, split_partition_key,
+};
+
+const CF_RECORDS: &str = "records";
+const CF_DUE: &str = "due";
+const CF_IDS: &str = "ids";
+const CF_OFFSETS: &str = "offsets";
+const CF_META: &str = "meta";
+
+/// Errors of the store; each names what failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    /// The database could not be opened.
+    #[error("cannot open RocksDB at {path}: {source}")]
+    Open {
+        /// Data directory.
+        path: PathBuf,
+        /// RocksDB's error.
+        source: rocksdb::Error,
+    },
+    /// A read or write failed.
+    #[error("RocksDB {op} failed: {source}")]
+    Io {
+        /// What was being done.
+        op: &'static str,
+        /// RocksDB's error.
+        source: rocksdb::Error,
+    },
+    /// Stored bytes could not be decoded.
+    #[error("corrupt {what} in RocksDB: {detail}")]
+    Corrupt {
+        /// Which column.
+        what: &'static str,
+        /// What was wrong.
+        detail: String,
+    },
+    /// More source partitions than a [`Pid`] can name.
+    #[error("more than 65536 source partitions seen; {topic}/{partition} cannot be tracked")]
+    TooManyPartitions {
+        /// Topic of the partition that did not fit.
+        topic: String,
+        /// Its partition number.
+        partition: i32,
+    },
+    /// An offset too large for a [`RecordId`].
+    #[error("offset {offset} of {topic}/{partition} is above 2^48")]
+    OffsetRange {
+        /// Topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// The offset.
+        offset: i64,
+    },
+}
+
+type Result<T> = std::result::Result<T, StoreError>;
+
+fn io(op: &'static str) -> impl FnOnce(rocksdb::Error) -> StoreError {
+    move |source| StoreError::Io { op, source }
+}
+
+/// How the store writes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct StoreOptions {
+    /// fsync the write-ahead log on every write batch (each batch is a group of records).
+    pub sync: bool,
+}
+
+/// One step of an ingest batch: what a consumed record does to the state.
+#[derive(Debug, Clone)]
+pub enum IngestOp {
+    /// Store a record to publish later (replacing the pending one with the same id).
+    Schedule {
+        /// Source partition.
+        pid: Pid,
+        /// Source offset.
+        offset: i64,
+        /// What to publish and when.
+        schedule: Schedule,
+    },
+    /// Remove the pending record with this id.
+    Cancel {
+        /// Source partition.
+        pid: Pid,
+        /// Source offset.
+        offset: i64,
+        /// The id.
+        id: Vec<u8>,
+    },
+    /// Nothing to store (the record was dead-lettered); only the offset advances.
+    Skip {
+        /// Source partition.
+        pid: Pid,
+        /// Source offset.
+        offset: i64,
+    },
+}
+
+impl IngestOp {
+    fn position(&self) -> (Pid, i64) {
+        match self {
+            IngestOp::Schedule { pid, offset, .. }
+            | IngestOp::Cancel { pid, offset, .. }
+            | IngestOp::Skip { pid, offset } => (*pid, *offset),
+        }
+    }
+}
+
+/// What an ingest batch changed.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Applied {
+    /// New pending records to put in the wheel, as (due, id).
+    pub inserted: Vec<(u64, RecordId)>,
+    /// Pending records replaced by a newer one with the same id.
+    pub replaced: usize,
+    /// Pending records cancelled.
+    pub cancelled: usize,
+    /// Cancels whose id had nothing pending.
+    pub cancel_missed: usize,
+}
+
+#[derive(Debug, Default)]
+struct Partitions {
+    by_name: HashMap<(String, i32), Pid>,
+    by_pid: Vec<(String, i32)>,
+}
+
+/// The RocksDB store. Thread-safe; share it in an `Arc`.
+#[derive(Debug)]
+pub struct Store {
+    db: DB,
+    /// fsync the WAL on every write batch.
+    sync: bool,
+    /// Serialises read-check-write sequences (see the module doc).
+    mutex: Mutex<()>,
+    partitions: RwLock<Partitions>,
+    /// Records in the `records` column (exact: every change is counted under the mutex).
+    pending: AtomicI64,
+    path: PathBuf,
+}
+
+impl Store {
+    /// Opens (or creates) the store in `path`.
+    ///
+    /// # Errors
+    /// [`StoreError::Open`] when RocksDB cannot open the directory (locked by another process,
+    /// permissions, corruption), [`StoreError::Corrupt`] when its metadata cannot be read.
+    pub fn open(path: &Path, options: StoreOptions) -> Result<Self> {
+        let mut db_opts = Options::default();
+        db_opts.create_if_missing(true);
+        db_opts.create_missing_column_families(true);
+        db_opts.set_max_background_jobs(2);
+        db_opts.set_keep_log_file_num(4);
+        let mut records = Options::default();
+        records.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        let cfs = vec![
+            ColumnFamilyDescriptor::new(CF_RECORDS, records),
+            ColumnFamilyDescriptor::new(CF_DUE, Options::default()),
+            ColumnFamilyDescriptor::new(CF_IDS, Options::default()),
+            ColumnFamilyDescriptor::new(CF_OFFSETS, Options::default()),
+            ColumnFamilyDescriptor::new(CF_META, Options::default()),
+        ];
+        let db = DB::open_cf_descriptors(&db_opts, path, cfs).map_err(|source| {
+            StoreError::Open {
+                path: path.to_owned(),
+                source,
+            }
+        })?;
+        let store = Self {
+            db,
+            sync: options.sync,
+            mutex: Mutex::new(()),
+            partitions: RwLock::new(Partitions::default()),
+            pending: AtomicI64::new(0),
+            path: path.to_owned(),
+        };
+        store.load_partitions()?;
+        Ok(store)
+    }
+
+    /// The data directory.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn write_opts(&self) -> WriteOptions {
+        let mut opts = WriteOptions::default();
+        opts.set_sync(self.sync);
+        opts
+    }
+
+    fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
+        // Every column family is created in `open`; a missing one is a programming error.
+        self.db
+            .cf_handle(name)
+            .unwrap_or_else(|| panic!("column family {name} was opened"))
+    }
+
+    fn load_partitions(&self) -> Result<()> {
+        let mut parts = self.partitions.write().unwrap_or_else(|e| e.into_inner());
+        let mut found: Vec<(Pid, String, i32)> = Vec::new();
+        for item in self.db.prefix_iterator_cf(self.cf(CF_META), b"p") {
+            let (k, v) = item.map_err(io("meta scan"))?;
+            if !k.starts_with(b"p") {
+                break;
+            }
+            let corrupt = |detail: &str| StoreError::Corrupt {
+                what: "meta",
+                detail: detail.to_owned(),
+            };
+            let (topic, partition) =
+                split_partition_key(&k).ok_or_else(|| corrupt("bad partition key"))?;
+            let pid = Pid::from_be_bytes(
+                v.as_ref()
+                    .try_into()
+                    .map_err(|_| corrupt("bad partition id"))?,
+            );
+            found.push((pid, topic, partition));
+        }
+        found.sort();
+        for (i, (pid, topic, partition)) in found.into_iter().enumerate() {
+            if usize::from(pid) != i {
+                return Err(StoreError::Corrupt {
+                    what: "meta",
+                    detail: format!("partition ids are not dense at {pid}"),
+                });
+            }
+            parts.by_name.insert((topic.clone(), partition), pid);
+            parts.by_pid.push((topic, partition));
+        }
+        Ok(())
+    }
+
+    /// The id of a source partition, allocated (durably) on first sight.
+    ///
+    /// # Errors
+    /// [`StoreError::TooManyPartitions`] past 65,536 partitions, or a write failure.
+    pub fn partition_id(&self, topic: &str, partition: i32) -> Result<Pid> {
+        let name = (topic.to_owned(), partition);
+        if let Some(pid) = self
+            .partitions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_name
+            .get(&name)
+        {
+            return Ok(*pid);
+        }
+        let mut parts = self.partitions.write().unwrap_or_else(|e| e.into_inner());
+        if let Some(pid) = parts.by_name.get(&name) {
+            return Ok(*pid);
+        }
+        let pid = Pid::try_from(parts.by_pid.len()).map_err(|_| StoreError::TooManyPartitions {
+            topic: topic.to_owned(),
+            partition,
+        })?;
+        let mut opts = WriteOptions::default();
+        opts.set_sync(true);
+        self.db
+            .put_cf_opt(
+                self.cf(CF_META),
+                partition_key(topic, partition),
+                pid.to_be_bytes(),
+                &opts,
+            )
+            .map_err(io("meta write"))?;
+        parts.by_name.insert(name.clone(), pid);
+        parts.by_pid.push(name);
+        Ok(pid)
+    }
+
+    /// The (topic, partition) of a partition id.
+    pub fn partition_of(&self, pid: Pid) -> Option<(String, i32)> {
+        self.partitions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_pid
+            .get(usize::from(pid))
+            .cloned()
+    }
+
+    /// The id of a source partition already seen, without allocating one.
+    pub fn lookup_partition(&self, topic: &str, partition: i32) -> Option<Pid> {
+        self.partitions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_name
+            .get(&(topic.to_owned(), partition))
+            .copied()
+    }
+
+    /// The next offset to ingest of one source partition, if one is stored.
+    ///
+    /// # Errors
+    /// A read failure or a corrupt entry.
+    pub fn next_offset(&self, pid: Pid) -> Result<Option<i64>> {
+        let Some(v) = self
+            .db
+            .get_pinned_cf(self.cf(CF_OFFSETS), pid.to_be_bytes())
+            .map_err(io("offset read"))?
+        else {
+            return Ok(None);
+        };
+        let bytes = <[u8; 8]>::try_from(v.as_ref()).map_err(|_| StoreError::Corrupt {
+            what: "offsets",
+            detail: "value is not 8 bytes".into(),
+        })?;
+        Ok(Some(i64::from_be_bytes(bytes)))
+    }
+
+    /// The next offset to ingest for each source partition that has one stored.
+    ///
+    /// # Errors
+    /// A read failure or a corrupt entry.
+    pub fn next_offsets(&self) -> Result<HashMap<Pid, i64>> {
+        let mut out = HashMap::new();
+        for item in self
+            .db
+            .iterator_cf(self.cf(CF_OFFSETS), rocksdb::IteratorMode::Start)
+        {
+            let (k, v) = item.map_err(io("offsets scan"))?;
+            let (Ok(pid), Ok(off)) = (
+                <[u8; 2]>::try_from(k.as_ref()),
+                <[u8; 8]>::try_from(v.as_ref()),
+            ) else {
+                return Err(StoreError::Corrupt {
+                    what: "offsets",
+                    detail: "bad key or value length".into(),
+                });
+            };
+            out.insert(Pid::from_be_bytes(pid), i64::from_be_bytes(off));
+        }
+        Ok(out)
+    }
+
+    /// Applies the effects of a group of consumed records in one write batch, together with the
+    /// next offset of every source partition in it (group commit: one fsync when `sync` is on).
+    ///
+    /// # Errors
+    /// A read or write failure; nothing is written then.
+    pub fn apply(&self, ops: Vec<IngestOp>) -> Result<Applied> {
+        let _guard = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        let mut batch = WriteBatch::default();
+        let mut applied = Applied::default();
+        let mut overlay: HashMap<Vec<u8>, Option<(RecordId, u64)>> = HashMap::new();
+        let mut next: HashMap<Pid, i64> = HashMap::new();
+        let mut delta: i64 = 0;
+        for op in ops {
+            let (pid, offset) = op.position();
+            let entry = next.entry(pid).or_insert(offset + 1);
+            *entry = (*entry).max(offset + 1);
+            match op {
+                IngestOp::Skip { .. } => {}
+                IngestOp::Schedule { schedule, .. } => {
+                    let rid = self.record_id(pid, offset)?;
+                    let due = schedule.due_ms;
+                    if let Some(id) = &schedule.id {
+                        let key = id_key(pid, id);
+                        if let Some((old, old_due)) = self.lookup_id(&overlay, &key)? {
+                            batch.delete_cf(self.cf(CF_RECORDS), old.to_bytes());
+                            batch.delete_cf(self.cf(CF_DUE), due_key(old_due, old));
+                            applied.replaced += 1;
+                            delta -= 1;
+                        }
+                        batch.put_cf(self.cf(CF_IDS), &key, id_value(rid, due));
+                        overlay.insert(key, Some((rid, due)));
+                    }
+                    let stored = StoredRecord {
+                        due_ms: due,
+                        target: schedule.target,
+                        id: schedule.id,
+                        key: schedule.key,
+                        value: schedule.value,
+                        headers: schedule.headers,
+                    };
+                    batch.put_cf(self.cf(CF_RECORDS), rid.to_bytes(), stored.encode());
+                    batch.put_cf(self.cf(CF_DUE), due_key(due, rid), []);
+                    applied.inserted.push((due, rid));
+                    delta += 1;
+                }
+                IngestOp::Cancel { id, .. } => {
+                    let key = id_key(pid, &id);
+                    match self.lookup_id(&overlay, &key)? {
+                        Some((old, old_due)) => {
+                            batch.delete_cf(self.cf(CF_RECORDS), old.to_bytes());
+                            batch.delete_cf(self.cf(CF_DUE), due_key(old_due, old));
+                            batch.delete_cf(self.cf(CF_IDS), &key);
+                            applied.cancelled += 1;
+                            delta -= 1;
+                        }
+                        None => applied.cancel_missed += 1,
+                    }
+                    overlay.insert(key, None);
+                }
+            }
+        }
+        for (pid, offset) in next {
+            batch.put_cf(self.cf(CF_OFFSETS), pid.to_be_bytes(), offset.to_be_bytes());
+        }
+        self.db
+            .write_opt(batch, &self.write_opts())
+            .map_err(io("ingest write"))?;
+        self.pending.fetch_add(delta, Ordering::Relaxed);
+        Ok(applied)
+    }
+
+    fn record_id(&self, pid: Pid, offset: i64) -> Result<RecordId> {
+        RecordId::new(pid, offset).ok_or_else(|| {
+            let (topic, partition) = self.partition_of(pid).unwrap_or_default();
+            StoreError::OffsetRange {
+                topic,
+                partition,
+                offset,
+            }
+        })
+    }
+
+    fn lookup_id(
+        &self,
+        overlay: &HashMap<Vec<u8>, Option<(RecordId, u64)>>,
+        key: &[u8],
+    ) -> Result<Option<(RecordId, u64)>> {
+        if let Some(v) = overlay.get(key) {
+            return Ok(*v);
+        }
+        let Some(v) = self
+            .db
+            .get_pinned_cf(self.cf(CF_IDS), key)
+            .map_err(io("id read"))?
+        else {
+            return Ok(None);
+        };
+        split_id_value(&v).map(Some).ok_or(StoreError::Corrupt {
+            what: "ids",
+            detail: "value is not 16 bytes".into(),
+        })
+    }
+
+    /// Reads pending records; `None` for one that was cancelled, replaced or already fired.
+    ///
+    /// # Errors
+    /// A read failure or an undecodable record.
+    pub fn get(&self, ids: &[RecordId]) -> Result<Vec<Option<StoredRecord>>> {
+        let keys: Vec<[u8; 8]> = ids.iter().map(|id| id.to_bytes()).collect();
+        self.db
+            .batched_multi_get_cf(self.cf(CF_RECORDS), keys.iter(), false)
+            .into_iter()
+            .map(|r| match r.map_err(io("record read"))? {
+                None => Ok(None),
+                Some(bytes) => StoredRecord::decode(&bytes)
+                    .map(Some)
+                    .map_err(|detail| StoreError::Corrupt {
+                        what: "records",
+                        detail,
+                    }),
+            })
+            .collect()
+    }
+
+    /// Deletes records that were delivered (or dead-lettered), in one batch. A record already
+    /// gone (replaced or cancelled meanwhile) is skipped; an id mapping is deleted only while it
+    /// still points at the deleted record.
+    ///
+    /// # Errors
+    /// A read or write failure; nothing is deleted then.
+    pub fn remove_fired(&self, fired: &[(RecordId, &StoredRecord)]) -> Result<usize> {
+        let _guard = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        let mut batch = WriteBatch::default();
+        let mut removed = 0usize;
+        for (rid, rec) in fired {
+            let exists = self
+                .db
+                .get_pinned_cf(self.cf(CF_RECORDS), rid.to_bytes())
+                .map_err(io("record read"))?
+                .is_some();
+            if !exists {
+                continue;
+            }
+            batch.delete_cf(self.cf(CF_RECORDS), rid.to_bytes());
+            batch.delete_cf(self.cf(CF_DUE), due_key(rec.due_ms, *rid));
+            if let Some(id) = &rec.id {
+                let key = id_key(rid.pid(), id);
+                if let Some(v) = self
+                    .db
+                    .get_pinned_cf(self.cf(CF_IDS), &key)
+                    .map_err(io("id read"))?
+                {
+                    if split_id_value(&v).is_some_and(|(mapped, _)| mapped == *rid) {
+                        batch.delete_cf(self.cf(CF_IDS), &key);
+                    }
+                }
+            }
+            removed += 1;
+        }
+        if removed > 0 {
+            self.db
+                .write_opt(batch, &self.write_opts())
+                .map_err(io("delete write"))?;
+            self.pending.fetch_sub(removed as i64, Ordering::Relaxed);
+        }
+        Ok(removed)
+    }
+
+    /// Calls `f(due, id)` for every pending record in due-time order (one ordered scan of the
+    /// due index) and returns how many there were. Also sets the pending count.
+    ///
+    /// # Errors
+    /// A read failure or a corrupt index key.
+    pub fn scan_due(&self, mut f: impl FnMut(u64, RecordId)) -> Result<u64> {
+        let mut iter = self.db.raw_iterator_cf(self.cf(CF_DUE));
+        iter.seek_to_first();
+        let mut count = 0u64;
+        while iter.valid() {
+            let key = iter.key().unwrap_or_default();
+            let (due, rid) = split_due_key(key).ok_or_else(|| StoreError::Corrupt {
+                what: "due",
+                detail: format!("key of {} bytes", key.len()),
+            })?;
+            f(due, rid);
+            count += 1;
+            iter.next();
+        }
+        iter.status().map_err(io("due scan"))?;
+        self.pending.store(count as i64, Ordering::Relaxed);
+        Ok(count)
+    }
+
+    /// Records pending, as counted since the last [`Store::scan_due`].
+    pub fn pending(&self) -> u64 {
+        self.pending.load(Ordering::Relaxed).max(0) as u64
+    }
+
+    /// Flushes memtables and the WAL; called on clean shutdown.
+    ///
+    /// # Errors
+    /// A flush failure.
+    pub fn flush(&self) -> Result<()> {
+        self.db.flush_wal(true).map_err(io("WAL flush"))?;
+        self.db.flush().map_err(io("flush"))
+    }
+
+    /// A RocksDB property of the default column family, as an integer, for metrics.
+    pub fn int_property(&self, name: &str) -> Option<u64> {
+        self.db.property_int_value(name).ok().flatten()
+    }
+}
+
+#[cfg(test)]
+mod tests;

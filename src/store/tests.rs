@@ -1,0 +1,292 @@
+use super::*;
+use crate::record::Header;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use tempfile::TempDir;
+
+fn open(dir: &TempDir) -> Store {
+    Store::open(dir.path(), StoreOptions { sync: false }).expect("open store")
+}
+
+fn sched(id: Option<&str>, due: u64, value: &str) -> Schedule {
+    Schedule {
+        id: id.map(|s| s.as_bytes().to_vec()),
+        due_ms: due,
+        target: "out".into(),
+        key: Some(b"k".to_vec()),
+        value: Some(value.as_bytes().to_vec()),
+        headers: vec![Header::new("h", "1")],
+    }
+}
+
+fn pending(store: &Store) -> Vec<(u64, RecordId)> {
+    let mut out = Vec::new();
+    store.scan_due(|d, r| out.push((d, r))).unwrap();
+    out
+}
+
+#[test]
+fn a_scheduled_record_survives_reopen_with_its_offset() {
+    let dir = TempDir::new().unwrap();
+    let rid;
+    {
+        let store = open(&dir);
+        let pid = store.partition_id("delay.in", 3).unwrap();
+        let applied = store
+            .apply(vec![IngestOp::Schedule {
+                pid,
+                offset: 41,
+                schedule: sched(None, 1_000, "v"),
+            }])
+            .unwrap();
+        rid = applied.inserted[0].1;
+        assert_eq!(applied.inserted, vec![(1_000, RecordId::new(pid, 41).unwrap())]);
+    }
+    let store = open(&dir);
+    assert_eq!(store.partition_id("delay.in", 3).unwrap(), rid.pid());
+    assert_eq!(store.partition_of(rid.pid()), Some(("delay.in".into(), 3)));
+    assert_eq!(store.next_offsets().unwrap()[&rid.pid()], 42);
+    assert_eq!(pending(&store), vec![(1_000, rid)]);
+    let got = store.get(&[rid]).unwrap();
+    let rec = got[0].as_ref().expect("stored");
+    assert_eq!(rec.value.as_deref(), Some(&b"v"[..]));
+    assert_eq!(rec.headers, vec![Header::new("h", "1")]);
+    assert_eq!(store.pending(), 1);
+}
+
+#[test]
+fn the_same_id_replaces_and_a_cancel_removes_in_the_same_partition_only() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let p0 = store.partition_id("delay.in", 0).unwrap();
+    let p1 = store.partition_id("delay.in", 1).unwrap();
+    let a = store
+        .apply(vec![
+            IngestOp::Schedule { pid: p0, offset: 0, schedule: sched(Some("x"), 500, "first") },
+            IngestOp::Schedule { pid: p1, offset: 0, schedule: sched(Some("x"), 600, "other partition") },
+        ])
+        .unwrap();
+    assert_eq!(a.replaced, 0);
+    let b = store
+        .apply(vec![IngestOp::Schedule { pid: p0, offset: 1, schedule: sched(Some("x"), 900, "second") }])
+        .unwrap();
+    assert_eq!(b.replaced, 1);
+    let first = a.inserted[0].1;
+    let second = b.inserted[0].1;
+    assert_eq!(store.get(&[first]).unwrap(), vec![None]);
+    assert_eq!(pending(&store), vec![(600, a.inserted[1].1), (900, second)]);
+    let c = store
+        .apply(vec![
+            IngestOp::Cancel { pid: p0, offset: 2, id: b"x".to_vec() },
+            IngestOp::Cancel { pid: p0, offset: 3, id: b"nothing".to_vec() },
+        ])
+        .unwrap();
+    assert_eq!((c.cancelled, c.cancel_missed), (1, 1));
+    assert_eq!(pending(&store), vec![(600, a.inserted[1].1)]);
+    assert_eq!(store.next_offsets().unwrap()[&p0], 4);
+    assert_eq!(store.pending(), 1);
+}
+
+#[test]
+fn reschedule_and_cancel_in_one_batch_see_each_other() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let p = store.partition_id("delay.in", 0).unwrap();
+    let a = store
+        .apply(vec![
+            IngestOp::Schedule { pid: p, offset: 0, schedule: sched(Some("x"), 500, "1") },
+            IngestOp::Schedule { pid: p, offset: 1, schedule: sched(Some("x"), 700, "2") },
+            IngestOp::Cancel { pid: p, offset: 2, id: b"x".to_vec() },
+            IngestOp::Schedule { pid: p, offset: 3, schedule: sched(Some("x"), 800, "3") },
+        ])
+        .unwrap();
+    assert_eq!((a.replaced, a.cancelled), (1, 1));
+    assert_eq!(pending(&store), vec![(800, RecordId::new(p, 3).unwrap())]);
+    assert_eq!(store.pending(), 1);
+}
+
+#[test]
+fn removing_a_fired_record_keeps_a_newer_mapping_of_its_id() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let p = store.partition_id("delay.in", 0).unwrap();
+    let old = store
+        .apply(vec![IngestOp::Schedule { pid: p, offset: 0, schedule: sched(Some("x"), 500, "old") }])
+        .unwrap()
+        .inserted[0]
+        .1;
+    let old_rec = store.get(&[old]).unwrap()[0].clone().unwrap();
+    // While `old` is being delivered, a reschedule arrives.
+    let new = store
+        .apply(vec![IngestOp::Schedule { pid: p, offset: 1, schedule: sched(Some("x"), 900, "new") }])
+        .unwrap()
+        .inserted[0]
+        .1;
+    assert_eq!(store.remove_fired(&[(old, &old_rec)]).unwrap(), 0, "already replaced");
+    // The new mapping still works: a cancel finds it.
+    let c = store
+        .apply(vec![IngestOp::Cancel { pid: p, offset: 2, id: b"x".to_vec() }])
+        .unwrap();
+    assert_eq!(c.cancelled, 1);
+    assert_eq!(store.get(&[new]).unwrap(), vec![None]);
+}
+
+// ---- Crash between every step of the durability order ----------------------------------
+// A crash is the process dying: the store is dropped without a clean shutdown and opened again.
+// "Kafka's committed offset" is modelled by a variable the pipeline updates after the batch.
+
+#[test]
+fn crash_after_consume_before_the_batch_loses_nothing() {
+    let dir = TempDir::new().unwrap();
+    let kafka_committed: i64 = 0;
+    {
+        let store = open(&dir);
+        store.partition_id("delay.in", 0).unwrap();
+        // consumed offset 0 ... crash before apply
+    }
+    let store = open(&dir);
+    assert!(pending(&store).is_empty());
+    assert!(store.next_offsets().unwrap().is_empty());
+    // Consumption resumes at Kafka's committed offset: the record is read again.
+    assert_eq!(kafka_committed, 0);
+}
+
+#[test]
+fn crash_after_the_batch_before_the_offset_commit_neither_loses_nor_duplicates() {
+    let dir = TempDir::new().unwrap();
+    let kafka_committed: i64 = 0;
+    let pid;
+    {
+        let store = open(&dir);
+        pid = store.partition_id("delay.in", 0).unwrap();
+        store
+            .apply(vec![IngestOp::Schedule { pid, offset: 0, schedule: sched(None, 500, "v") }])
+            .unwrap();
+        // crash: Kafka's offset was not committed, the wheel insert never happened
+    }
+    let store = open(&dir);
+    // The wheel is rebuilt from the due index ...
+    assert_eq!(pending(&store).len(), 1);
+    // ... and consumption resumes from the stored offset, past what Kafka still has committed,
+    // so offset 0 is not ingested a second time.
+    assert_eq!(store.next_offsets().unwrap()[&pid], 1);
+    assert!(kafka_committed < 1);
+}
+
+#[test]
+fn crash_after_delivery_before_the_delete_fires_again_after_restart() {
+    let dir = TempDir::new().unwrap();
+    let rid;
+    {
+        let store = open(&dir);
+        let pid = store.partition_id("delay.in", 0).unwrap();
+        rid = store
+            .apply(vec![IngestOp::Schedule { pid, offset: 0, schedule: sched(None, 500, "v") }])
+            .unwrap()
+            .inserted[0]
+            .1;
+        let _for_produce = store.get(&[rid]).unwrap();
+        // produced, delivery report received ... crash before remove_fired
+    }
+    let store = open(&dir);
+    assert_eq!(pending(&store), vec![(500, rid)], "still pending: published again (at least once)");
+}
+
+#[test]
+fn crash_after_the_delete_does_not_fire_again() {
+    let dir = TempDir::new().unwrap();
+    {
+        let store = open(&dir);
+        let pid = store.partition_id("delay.in", 0).unwrap();
+        let rid = store
+            .apply(vec![IngestOp::Schedule { pid, offset: 0, schedule: sched(Some("x"), 500, "v") }])
+            .unwrap()
+            .inserted[0]
+            .1;
+        let rec = store.get(&[rid]).unwrap()[0].clone().unwrap();
+        assert_eq!(store.remove_fired(&[(rid, &rec)]).unwrap(), 1);
+        // crash right after the delete batch
+    }
+    let store = open(&dir);
+    assert!(pending(&store).is_empty());
+    assert_eq!(store.pending(), 0);
+    // The id mapping went with it: a cancel of "x" finds nothing.
+    let pid = store.partition_id("delay.in", 0).unwrap();
+    let c = store.apply(vec![IngestOp::Cancel { pid, offset: 1, id: b"x".to_vec() }]).unwrap();
+    assert_eq!(c.cancel_missed, 1);
+}
+
+#[test]
+fn a_second_process_cannot_open_the_same_directory() {
+    let dir = TempDir::new().unwrap();
+    let _first = open(&dir);
+    let err = Store::open(dir.path(), StoreOptions::default()).unwrap_err();
+    assert!(err.to_string().contains("cannot open RocksDB"), "{err}");
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Schedule { id: Option<u8>, due: u64 },
+    Cancel { id: u8 },
+    Fire { upto: u64 },
+    Reopen,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (prop::option::of(0u8..4), 0u64..100).prop_map(|(id, due)| Op::Schedule { id, due }),
+        1 => (0u8..4).prop_map(|id| Op::Cancel { id }),
+        2 => (0u64..100).prop_map(|upto| Op::Fire { upto }),
+        1 => Just(Op::Reopen),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    /// The store against a model map: after any sequence of schedules, reschedules, cancels,
+    /// fires and reopens, the due index holds exactly the model's records, in due order.
+    #[test]
+    fn store_matches_a_model(ops in prop::collection::vec(op(), 1..40)) {
+        let dir = TempDir::new().unwrap();
+        let mut store = open(&dir);
+        let pid = store.partition_id("delay.in", 0).unwrap();
+        let mut model: BTreeMap<(u64, RecordId), Option<u8>> = BTreeMap::new();
+        let mut offset = 0i64;
+        for op in ops {
+            match op {
+                Op::Schedule { id, due } => {
+                    if let Some(id) = id {
+                        model.retain(|_, v| *v != Some(id));
+                    }
+                    let s = sched(id.map(|i| format!("id{i}")).as_deref(), due, "v");
+                    store.apply(vec![IngestOp::Schedule { pid, offset, schedule: s }]).unwrap();
+                    model.insert((due, RecordId::new(pid, offset).unwrap()), id);
+                    offset += 1;
+                }
+                Op::Cancel { id } => {
+                    model.retain(|_, v| *v != Some(id));
+                    store.apply(vec![IngestOp::Cancel { pid, offset, id: format!("id{id}").into_bytes() }]).unwrap();
+                    offset += 1;
+                }
+                Op::Fire { upto } => {
+                    let due: Vec<RecordId> = pending(&store).into_iter().filter(|(d, _)| *d <= upto).map(|(_, r)| r).collect();
+                    let recs = store.get(&due).unwrap();
+                    let fired: Vec<(RecordId, &StoredRecord)> = due.iter().zip(recs.iter()).filter_map(|(r, rec)| rec.as_ref().map(|rec| (*r, rec))).collect();
+                    store.remove_fired(&fired).unwrap();
+                    model.retain(|(d, _), _| *d > upto);
+                }
+                Op::Reopen => {
+                    drop(store);
+                    store = open(&dir);
+                }
+            }
+            let want: Vec<(u64, RecordId)> = model.keys().copied().collect();
+            prop_assert_eq!(pending(&store), want);
+            prop_assert_eq!(store.pending() as usize, model.len());
+        }
+        if offset > 0 {
+            prop_assert_eq!(store.next_offsets().unwrap()[&pid], offset);
+        }
+    }
+}

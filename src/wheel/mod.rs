@@ -1,0 +1,280 @@
+//! A hierarchical timing wheel over epoch milliseconds. Pure: no clock, no I/O, no async.
+//!
+//! Time only moves when the caller passes `now` to [`Wheel::poll`]. The wheel has six levels of
+//! 64 slots; a slot at level `L` spans `64^L` ms:
+//!
+//! | level | slot span  | level range |
+//! |-------|------------|-------------|
+//! | 0     | 1 ms       | 64 ms       |
+//! | 1     | 64 ms      | ~4.1 s      |
+//! | 2     | ~4.1 s     | ~4.4 min    |
+//! | 3     | ~4.4 min   | ~4.7 h      |
+//! | 4     | ~4.7 h     | ~12.4 days  |
+//! | 5     | ~12.4 days | ~795 days   |
+//!
+//! An entry is placed at the level of the highest bit in which its due time differs from
+//! `elapsed` (the time the wheel has been advanced to), in the slot given by its due time's bits
+//! at that level. Anything past the top level's range waits in one overflow list that is
+//! re-sorted when `elapsed` crosses into the next 2^36 ms block. When a slot above level 0
+//! comes due its entries cascade to lower levels; a level-0 slot holds entries due in exactly
+//! that millisecond.
+//!
+//! Invariants (checked with `debug_assert!`):
+//! - every occupied slot at level `L` lies strictly after `elapsed`'s own slot at `L`, so the
+//!   lowest occupied level holds the earliest deadline and "next deadline" is a few bit operations;
+//! - an entry is handed out by [`Wheel::poll`] only when its due time is `<= now`: never early;
+//! - insert and cancel are O(1); a cancelled entry keeps its node until its slot is reached
+//!   (lazy cancellation) and is then reclaimed without being handed out.
+
+mod slab;
+
+use slab::{List, Slab, NIL};
+
+const LEVEL_BITS: u32 = 6;
+const SLOTS: u64 = 1 << LEVEL_BITS;
+const SLOT_MASK: u64 = SLOTS - 1;
+const NUM_LEVELS: usize = 6;
+/// Span of the whole wheel: due times up to this far past `elapsed` are placed in a level.
+pub const RANGE_MS: u64 = 1 << (LEVEL_BITS as u64 * NUM_LEVELS as u64);
+
+/// Identifies an inserted entry so that it can be cancelled in O(1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Handle {
+    index: u32,
+    gen: u32,
+}
+
+/// An insert whose due time is not after the wheel's current time: the caller should fire it now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Elapsed<T> {
+    /// The due time that was asked for.
+    pub due: u64,
+    /// The value handed back.
+    pub value: T,
+}
+
+/// One level: 64 slot lists and a bitmask of the slots that are not empty.
+#[derive(Debug, Clone)]
+struct Level {
+    occupied: u64,
+    slots: [List; SLOTS as usize],
+}
+
+/// A hierarchical timing wheel holding values of type `T` (the broker stores record ids).
+#[derive(Debug)]
+pub struct Wheel<T> {
+    /// Time the wheel has been advanced to (epoch ms). Entries due at or before it were handed out.
+    elapsed: u64,
+    /// The six levels, finest first.
+    levels: Vec<Level>,
+    /// Entries due beyond the top level's range, re-placed when the next 2^36 ms block begins.
+    overflow: List,
+    /// Entries whose due time has been reached, waiting to be handed out by `poll`.
+    expired: List,
+    /// Node storage.
+    nodes: Slab<T>,
+    /// Live (not cancelled, not yet handed out) entries.
+    len: usize,
+}
+
+impl<T: Copy> Wheel<T> {
+    /// An empty wheel whose time starts at `now` (epoch ms).
+    pub fn new(now: u64) -> Self {
+        Self {
+            elapsed: now,
+            levels: vec![
+                Level {
+                    occupied: 0,
+                    slots: [List::EMPTY; SLOTS as usize],
+                };
+                NUM_LEVELS
+            ],
+            overflow: List::EMPTY,
+            expired: List::EMPTY,
+            nodes: Slab::new(),
+            len: 0,
+        }
+    }
+
+    /// Number of live entries (inserted, not cancelled, not yet handed out).
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no live entry is held.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Nodes in use, including cancelled entries not yet reclaimed.
+    pub fn allocated(&self) -> usize {
+        self.nodes.allocated()
+    }
+
+    /// The time the wheel has been advanced to.
+    pub fn elapsed(&self) -> u64 {
+        self.elapsed
+    }
+
+    /// Adds `value`, due at `due` (epoch ms). O(1).
+    ///
+    /// # Errors
+    /// [`Elapsed`] (with the value) when `due` is not after the wheel's current time: such an
+    /// entry is already due and the caller fires it itself.
+    pub fn insert(&mut self, due: u64, value: T) -> Result<Handle, Elapsed<T>> {
+        if due <= self.elapsed {
+            return Err(Elapsed { due, value });
+        }
+        let (index, gen) = self.nodes.alloc(due, value);
+        self.place(index);
+        self.len += 1;
+        Ok(Handle { index, gen })
+    }
+
+    /// Cancels the entry behind `handle` in O(1) and returns its due time and value, or `None` if
+    /// it was already handed out or cancelled.
+    pub fn cancel(&mut self, handle: Handle) -> Option<(u64, T)> {
+        if !self.nodes.contains(handle.index) {
+            return None;
+        }
+        let node = self.nodes.get_mut(handle.index);
+        if node.gen != handle.gen {
+            return None;
+        }
+        node.gen = node.gen.wrapping_add(1);
+        self.len -= 1;
+        Some((node.due, node.value))
+    }
+
+    /// The earliest time at which [`Wheel::poll`] may have something to do: a due entry or a
+    /// cascade. `None` when the wheel holds nothing. Never later than the earliest due entry.
+    pub fn next_deadline(&self) -> Option<u64> {
+        if !self.expired.is_empty() {
+            return Some(self.elapsed);
+        }
+        self.next_expiration().map(|(_, _, deadline)| deadline)
+    }
+
+    /// Advances the wheel to `now` and hands out one entry due at or before `now`, as
+    /// `(due, value)`. Call until it returns `None`. A `now` earlier than the wheel's time (a
+    /// clock that went backwards) does not move the wheel back; it only hands out entries that
+    /// were already found due by an earlier call and not yet taken.
+    pub fn poll(&mut self, now: u64) -> Option<(u64, T)> {
+        loop {
+            if let Some(index) = self.nodes.pop_front(&mut self.expired) {
+                let node = *self.nodes.get(index);
+                self.nodes.free(index);
+                if node.gen % 2 == 0 {
+                    continue; // cancelled: reclaimed, never handed out
+                }
+                debug_assert!(
+                    node.due <= self.elapsed,
+                    "early fire: due {} elapsed {} now {now}",
+                    node.due,
+                    self.elapsed
+                );
+                self.len -= 1;
+                return Some((node.due, node.value));
+            }
+            match self.next_expiration() {
+                Some((level, slot, deadline)) if deadline <= now => {
+                    self.process(level, slot, deadline)
+                }
+                _ => {
+                    self.elapsed = self.elapsed.max(now);
+                    return None;
+                }
+            }
+        }
+    }
+
+    /// The lowest occupied slot as `(level, slot, deadline)`; level `NUM_LEVELS` is the overflow.
+    fn next_expiration(&self) -> Option<(usize, usize, u64)> {
+        for (level, lvl) in self.levels.iter().enumerate() {
+            if lvl.occupied == 0 {
+                continue;
+            }
+            let shift = LEVEL_BITS * level as u32;
+            let pos = (self.elapsed >> shift) & SLOT_MASK;
+            let at_or_before_pos = if pos == SLOT_MASK {
+                u64::MAX
+            } else {
+                (1u64 << (pos + 1)) - 1
+            };
+            debug_assert!(
+                lvl.occupied & at_or_before_pos == 0,
+                "level {level} has occupied slots {:#066b} at or before position {pos} (elapsed {})",
+                lvl.occupied,
+                self.elapsed
+            );
+            let slot = lvl.occupied.trailing_zeros() as u64;
+            let block_bits = shift + LEVEL_BITS;
+            let block_start = (self.elapsed >> block_bits) << block_bits;
+            return Some((level, slot as usize, block_start + (slot << shift)));
+        }
+        if self.overflow.is_empty() {
+            return None;
+        }
+        let top_bits = LEVEL_BITS * NUM_LEVELS as u32;
+        let next_block = ((self.elapsed >> top_bits) + 1) << top_bits;
+        Some((NUM_LEVELS, 0, next_block))
+    }
+
+    /// Empties the slot due at `deadline`: due entries move to `expired`, the rest cascade down.
+    fn process(&mut self, level: usize, slot: usize, deadline: u64) {
+        debug_assert!(
+            deadline > self.elapsed,
+            "slot deadline {deadline} not after elapsed {}",
+            self.elapsed
+        );
+        self.elapsed = deadline;
+        let list = if level == NUM_LEVELS {
+            std::mem::replace(&mut self.overflow, List::EMPTY)
+        } else {
+            let lvl = &mut self.levels[level];
+            lvl.occupied &= !(1u64 << slot);
+            std::mem::replace(&mut lvl.slots[slot], List::EMPTY)
+        };
+        if level == 0 {
+            // Every entry of a level-0 slot is due in exactly this millisecond.
+            self.nodes.append(&mut self.expired, list);
+            return;
+        }
+        let mut cursor = list.head;
+        while cursor != NIL {
+            let node = *self.nodes.get(cursor);
+            let index = cursor;
+            cursor = node.next;
+            if node.gen % 2 == 0 {
+                self.nodes.free(index);
+            } else if node.due <= self.elapsed {
+                self.nodes.push_back(&mut self.expired, index);
+            } else {
+                self.place(index);
+            }
+        }
+    }
+
+    /// Links node `index` (due after `elapsed`) into its level and slot, or the overflow.
+    fn place(&mut self, index: u32) {
+        let due = self.nodes.get(index).due;
+        debug_assert!(due > self.elapsed, "placing due {due} at elapsed {}", self.elapsed);
+        let differing = (self.elapsed ^ due) | SLOT_MASK;
+        let level = ((63 - differing.leading_zeros()) / LEVEL_BITS) as usize;
+        if level >= NUM_LEVELS {
+            let mut overflow = self.overflow;
+            self.nodes.push_back(&mut overflow, index);
+            self.overflow = overflow;
+            return;
+        }
+        let slot = ((due >> (LEVEL_BITS * level as u32)) & SLOT_MASK) as usize;
+        let mut list = self.levels[level].slots[slot];
+        self.nodes.push_back(&mut list, index);
+        let lvl = &mut self.levels[level];
+        lvl.slots[slot] = list;
+        lvl.occupied |= 1u64 << slot;
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,317 @@
+//! Test harness: a Kafka-protocol broker over TCP on 127.0.0.1 (librdkafka's mock cluster in
+//! this process, or the broker named by KAFKA_DELAY_TEST_BROKERS, e.g. tansu), unique topics per
+//! test, a real RocksDB in a TempDir, and the broker started in-process.
+#![allow(dead_code)]
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use clap::Parser;
+use kafka_delay::app::{self, Running};
+use kafka_delay::clock::{Clock, SystemClock};
+use kafka_delay::config::{Cli, Command, Config};
+use kafka_delay::kafka::Embedded;
+use prometheus::Registry;
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use tempfile::TempDir;
+
+pub fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// A name no other test (or earlier run against the same external broker) uses.
+pub fn unique(prefix: &str) -> String {
+    static N: AtomicU64 = AtomicU64::new(0);
+    format!(
+        "{prefix}-{}-{}-{}",
+        std::process::id(),
+        now_ms() % 100_000_000,
+        N.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
+/// The Kafka the test talks to.
+pub enum Kafka {
+    Mock(Embedded),
+    External(String),
+}
+
+impl Kafka {
+    pub fn start() -> Self {
+        match std::env::var("KAFKA_DELAY_TEST_BROKERS") {
+            Ok(b) if !b.is_empty() => Kafka::External(b),
+            _ => Kafka::Mock(Embedded::start(1).expect("mock cluster")),
+        }
+    }
+
+    pub fn brokers(&self) -> String {
+        match self {
+            Kafka::Mock(e) => e.bootstrap_servers(),
+            Kafka::External(b) => b.clone(),
+        }
+    }
+
+    pub fn is_mock(&self) -> bool {
+        matches!(self, Kafka::Mock(_))
+    }
+
+    pub fn mock(&self) -> Option<&Embedded> {
+        match self {
+            Kafka::Mock(e) => Some(e),
+            Kafka::External(_) => None,
+        }
+    }
+
+    pub async fn create_topic(&self, name: &str, partitions: i32) {
+        match self {
+            Kafka::Mock(e) => e.create_topic(name, partitions).expect("create topic"),
+            Kafka::External(b) => {
+                let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+                    .set("bootstrap.servers", b)
+                    .create()
+                    .expect("admin");
+                let t = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+                let r = admin
+                    .create_topics([&t], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))))
+                    .await
+                    .expect("create topics");
+                for res in r {
+                    if let Err((t, e)) = res {
+                        assert_eq!(e, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists, "create {t}");
+                    }
+                }
+            }
+        }
+    }
+
+    pub fn producer(&self) -> FutureProducer {
+        ClientConfig::new()
+            .set("bootstrap.servers", self.brokers())
+            .set("linger.ms", "0")
+            .set("allow.auto.create.topics", "false")
+            .set("message.timeout.ms", "20000")
+            .create()
+            .expect("producer")
+    }
+}
+
+/// One test's topics.
+pub struct Topics {
+    pub id: String,
+    pub delay: String,
+    pub target: String,
+    pub dlt: String,
+    pub pattern: String,
+}
+
+impl Topics {
+    pub fn new() -> Self {
+        let id = unique("t").replace('-', "_");
+        Topics {
+            delay: format!("delay.{id}.in"),
+            target: format!("out-{id}"),
+            dlt: format!("dlt-{id}"),
+            pattern: format!(r"^delay\.{id}\..+"),
+            id,
+        }
+    }
+
+    /// A delay topic of this test with a suffix (e.g. "30s" gives a fixed-delay topic).
+    pub fn delay_topic(&self, suffix: &str) -> String {
+        format!("delay.{}.{suffix}", self.id)
+    }
+}
+
+pub fn config(kafka: &Kafka, topics: &Topics, data: &TempDir, extra: &[&str]) -> Config {
+    let brokers = kafka.brokers();
+    let data_dir = data.path().to_str().unwrap().to_owned();
+    let group = format!("g-{}", topics.id);
+    let instance = format!("i-{}", topics.id);
+    let mut args = vec![
+        "kafka-delay", "run",
+        "--brokers", &brokers,
+        "--data-dir", &data_dir,
+        "--http-addr", "127.0.0.1:0",
+        "--group-id", &group,
+        "--instance-id", &instance,
+        "--source-pattern", &topics.pattern,
+        "--dead-letter-topic", &topics.dlt,
+        "--topic-refresh", "500ms",
+        "--fire-max-attempts", "2",
+        "--retry-backoff-max", "1s",
+        "--kafka-config", "session.timeout.ms=6000",
+    ];
+    args.extend_from_slice(extra);
+    match Cli::try_parse_from(args).expect("flags").command {
+        Command::Run(a) => a.validate().expect("valid config"),
+        Command::Sandbox(_) => unreachable!(),
+    }
+}
+
+pub async fn start(config: Config) -> Running {
+    start_with_clock(config, Arc::new(SystemClock)).await
+}
+
+pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> Running {
+    tokio::time::timeout(Duration::from_secs(60), app::start(config, clock, Registry::new()))
+        .await
+        .expect("broker starts within 60s")
+        .expect("broker starts")
+}
+
+/// Produces one record and waits for its acknowledgement.
+pub async fn produce(
+    producer: &FutureProducer,
+    topic: &str,
+    key: Option<&str>,
+    value: Option<&str>,
+    headers: &[(&str, &str)],
+) {
+    produce_to(producer, topic, None, key.map(str::as_bytes), value.map(str::as_bytes), headers).await
+}
+
+pub async fn produce_to(
+    producer: &FutureProducer,
+    topic: &str,
+    partition: Option<i32>,
+    key: Option<&[u8]>,
+    value: Option<&[u8]>,
+    headers: &[(&str, &str)],
+) {
+    let mut hs = OwnedHeaders::new();
+    for (k, v) in headers {
+        hs = hs.insert(Header { key: k, value: Some(*v) });
+    }
+    let mut rec = FutureRecord::<[u8], [u8]>::to(topic).headers(hs);
+    if let Some(p) = partition {
+        rec = rec.partition(p);
+    }
+    if let Some(k) = key {
+        rec = rec.key(k);
+    }
+    if let Some(v) = value {
+        rec = rec.payload(v);
+    }
+    producer
+        .send(rec, Duration::from_secs(20))
+        .await
+        .map_err(|(e, _)| e)
+        .expect("produce acknowledged");
+}
+
+/// A consumer of `topic` from the beginning of its `partitions` partitions (no group).
+pub fn reader(kafka: &Kafka, topic: &str, partitions: i32) -> StreamConsumer {
+    let c: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.brokers())
+        .set("group.id", unique("reader"))
+        .set("enable.auto.commit", "false")
+        .set("allow.auto.create.topics", "false")
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+    }
+    c.assign(&tpl).expect("assign");
+    c
+}
+
+/// A received record with the local time it arrived.
+#[derive(Debug, Clone)]
+pub struct Got {
+    pub msg: OwnedMessage,
+    pub received_ms: u64,
+}
+
+impl Got {
+    pub fn header(&self, name: &str) -> Option<String> {
+        let hs = self.msg.headers()?;
+        hs.iter()
+            .find(|h| h.key == name)
+            .and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
+    }
+
+    pub fn headers(&self) -> Vec<(String, Option<String>)> {
+        self.msg
+            .headers()
+            .map(|hs| {
+                hs.iter()
+                    .map(|h| (h.key.to_owned(), h.value.map(|v| String::from_utf8_lossy(v).into_owned())))
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    pub fn value(&self) -> Option<String> {
+        self.msg.payload().map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+
+    pub fn key(&self) -> Option<String> {
+        self.msg.key().map(|v| String::from_utf8_lossy(v).into_owned())
+    }
+
+    pub fn num(&self, name: &str) -> u64 {
+        self.header(name).unwrap_or_else(|| panic!("header {name}")).parse().expect("number")
+    }
+}
+
+/// Reads until `n` records arrived or `timeout` passed.
+pub async fn collect(c: &StreamConsumer, n: usize, timeout: Duration) -> Vec<Got> {
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::new();
+    while out.len() < n {
+        let left = deadline.saturating_duration_since(Instant::now());
+        if left.is_zero() {
+            break;
+        }
+        match tokio::time::timeout(left, c.recv()).await {
+            Ok(Ok(m)) => out.push(Got { msg: m.detach(), received_ms: now_ms() }),
+            Ok(Err(e)) => panic!("consume error: {e}"),
+            Err(_) => break,
+        }
+    }
+    out
+}
+
+/// Waits until the broker consumes: a probe record due at once reaches `target`.
+pub async fn wait_consuming(kafka: &Kafka, topics: &Topics, probe_target: &str) {
+    let producer = kafka.producer();
+    let reader = reader(kafka, probe_target, 1);
+    produce(&producer, &topics.delay, None, Some("probe"), &[("delay-target", probe_target), ("delay-after", "0")]).await;
+    let got = collect(&reader, 1, Duration::from_secs(45)).await;
+    assert_eq!(got.len(), 1, "the broker did not start consuming within 45s");
+}
+
+/// GET on the broker's HTTP server; returns (status, body).
+pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
+        .await
+        .unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.unwrap();
+    let status = buf.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
+    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    (status, body)
+}
+
+/// The value of a metric line (exact name with labels) from /metrics.
+pub fn metric(body: &str, name: &str) -> Option<f64> {
+    body.lines()
+        .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit(' ').next())
+        .and_then(|v| v.parse().ok())
+}
+
+pub fn by_value(got: &[Got]) -> HashMap<String, Got> {
+    got.iter().map(|g| (g.value().unwrap_or_default(), g.clone())).collect()
+}
