@@ -118,19 +118,44 @@ pub async fn ensure_dead_letter_topic(
         config.dead_letter_partitions,
         TopicReplication::Fixed(-1),
     );
-    let opts = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let opts = AdminOptions::new()
+        .operation_timeout(Some(Duration::from_secs(10)))
+        .request_timeout(Some(Duration::from_secs(5)));
     let fail = |detail: String| KafkaSetupError::DeadLetterTopic {
         topic: topic.clone(),
         detail,
     };
-    match admin.create_topics([&new], &opts).await {
+    let created = match admin.create_topics([&new], &opts).await {
         Ok(results) => match results.into_iter().next() {
-            Some(Ok(_)) | Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => Ok(()),
-            Some(Err((_, code))) => Err(fail(code.to_string())),
-            None => Err(fail("no answer to CreateTopics".into())),
+            Some(Ok(_)) | Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => return Ok(()),
+            Some(Err((_, code))) => code.to_string(),
+            None => "no answer to CreateTopics".into(),
         },
-        Err(e) => Err(fail(e.to_string())),
+        Err(e) => e.to_string(),
+    };
+    // Clusters without CreateTopics (librdkafka's mock cluster) create topics on a metadata
+    // request that allows it, as a broker with auto.create.topics.enable does.
+    auto_create_via_metadata(config, &topic).await;
+    if topic_exists(producer, &topic, &config.brokers).await? {
+        return Ok(());
     }
+    Err(fail(created))
+}
+
+/// Asks for `topic`'s metadata with automatic topic creation allowed.
+async fn auto_create_via_metadata(config: &Config, topic: &str) {
+    let mut c = base_config(config);
+    c.set("allow.auto.create.topics", "true");
+    let Ok(client) = c.create::<rdkafka::producer::BaseProducer>() else {
+        return;
+    };
+    let name = topic.to_owned();
+    let _ = tokio::task::spawn_blocking(move || {
+        client
+            .client()
+            .fetch_metadata(Some(&name), Duration::from_secs(5))
+    })
+    .await;
 }
 
 /// Whether `topic` exists, by a metadata request that does not create it.

@@ -95,7 +95,7 @@ async fn kill_9_and_restart_loses_nothing_and_fires_again_within_seconds() {
     let kafka = Kafka::External(brokers.clone());
     let t = Topics::new();
     kafka.create_topic(&t.delay, 1).await;
-    kafka.create_topic(&t.target, 1).await;
+    let target_parts = kafka.create_topic(&t.target, 1).await;
     kafka.create_topic(&t.dlt, 1).await;
     let data = TempDir::new().unwrap();
     let port = free_port();
@@ -109,7 +109,7 @@ async fn kill_9_and_restart_loses_nothing_and_fires_again_within_seconds() {
         let due = base + i * 20; // one every 20 ms for 6 s
         produce(&p, &t.delay, Some(&format!("k{i}")), Some(&format!("r{i}")), &[("delay-target", &t.target), ("delay-until", &due.to_string())]).await;
     }
-    let reader = reader(&kafka, &t.target, 1);
+    let reader = reader(&kafka, &t.target, target_parts);
     // Kill the broker while it is firing, three times, restarting at once each time.
     let mut got = Vec::new();
     for round in 0..3 {
@@ -162,8 +162,9 @@ fn embedded_kafka_mode_delivers_records_produced_with_kcat() {
     let (_broker, brokers) = spawn_announcing(&["run", "--embedded-kafka", "--data-dir", data.path().to_str().unwrap(), "--http-addr", &http]);
     let kcat = |args: &[&str], input: &str| {
         use std::io::Write;
-        let mut c = Command::new("kcat")
-            .args(["-b", &brokers])
+        // Bounded: kcat never runs for more than 30 s.
+        let mut c = Command::new("timeout")
+            .args(["30", "kcat", "-b", &brokers])
             .args(args)
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
@@ -176,10 +177,10 @@ fn embedded_kafka_mode_delivers_records_produced_with_kcat() {
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     // The target must exist (kafka-delay never creates topics); kcat's metadata request creates it.
-    kcat(&["-P", "-t", "orders"], "");
+    kcat(&["-L", "-t", "orders"], "");
     kcat(&["-P", "-t", "delay.demo", "-K", ":", "-H", "delay-target=orders", "-H", "delay-after=1s", "-H", "app=demo"], "order-1:hello from kcat\n");
     let started = Instant::now();
-    let out = kcat(&["-C", "-t", "orders", "-o", "beginning", "-c", "1", "-e", "-m", "30", "-f", "%k|%s|%h\\n"], "");
+    let out = kcat(&["-C", "-t", "orders", "-o", "beginning", "-c", "1", "-f", "%k|%s|%h\\n"], "");
     assert!(started.elapsed() < Duration::from_secs(30));
     assert!(out.starts_with("order-1|hello from kcat|"), "{out}");
     assert!(out.contains("app=demo") && out.contains("delay-origin-topic=delay.demo"), "{out}");

@@ -19,7 +19,7 @@ use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tempfile::TempDir;
 
@@ -70,23 +70,47 @@ impl Kafka {
         }
     }
 
-    pub async fn create_topic(&self, name: &str, partitions: i32) {
+    /// Creates a topic and returns its partition count (a broker without CreateTopics, such as
+    /// the mock cluster in another process, auto-creates it with its own default count).
+    pub async fn create_topic(&self, name: &str, partitions: i32) -> i32 {
         match self {
-            Kafka::Mock(e) => e.create_topic(name, partitions).expect("create topic"),
+            Kafka::Mock(e) => {
+                e.create_topic(name, partitions).expect("create topic");
+                partitions
+            }
             Kafka::External(b) => {
                 let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
                     .set("bootstrap.servers", b)
                     .create()
                     .expect("admin");
                 let t = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-                let r = admin
-                    .create_topics([&t], &AdminOptions::new().operation_timeout(Some(Duration::from_secs(10))))
-                    .await
-                    .expect("create topics");
-                for res in r {
-                    if let Err((t, e)) = res {
-                        assert_eq!(e, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists, "create {t}");
+                let opts = AdminOptions::new()
+                    .operation_timeout(Some(Duration::from_secs(10)))
+                    .request_timeout(Some(Duration::from_secs(5)));
+                match admin.create_topics([&t], &opts).await {
+                    Ok(r) => {
+                        for res in r {
+                            if let Err((t, e)) = res {
+                                assert_eq!(e, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists, "create {t}");
+                            }
+                        }
                     }
+                    Err(_) => {} // no CreateTopics: the metadata request below creates it
+                }
+                let client: rdkafka::producer::BaseProducer = ClientConfig::new()
+                    .set("bootstrap.servers", b)
+                    .set("allow.auto.create.topics", "true")
+                    .create()
+                    .expect("client");
+                let deadline = Instant::now() + Duration::from_secs(20);
+                loop {
+                    let md = client.client().fetch_metadata(Some(name), Duration::from_secs(5)).expect("metadata");
+                    let n = md.topics().iter().find(|t| t.name() == name && t.error().is_none()).map_or(0, |t| t.partitions().len());
+                    if n > 0 {
+                        return n as i32;
+                    }
+                    assert!(Instant::now() < deadline, "topic {name} not created");
+                    std::thread::sleep(Duration::from_millis(100));
                 }
             }
         }
