@@ -27,7 +27,7 @@ tansu:
 	fi
 
 build: deps
-	cargo build --release --bin kafka-delay
+	cargo build --bin kafka-delay
 
 demo: build
 	bash scripts/demo.sh

@@ -233,7 +233,9 @@ impl Running {
         .await;
         match flushed {
             Ok(Ok(())) => info!("RocksDB closed; stopped"),
-            other => warn!(result = ?other.map(|r| r.map_err(|e| e.to_string())), "RocksDB flush at shutdown failed"),
+            other => {
+                warn!(result = ?other.map(|r| r.map_err(|e| e.to_string())), "RocksDB flush at shutdown failed")
+            }
         }
     }
 }

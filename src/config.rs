@@ -61,10 +61,18 @@ pub struct RunArgs {
     #[arg(long, env = "KAFKA_DELAY_INSTANCE_ID")]
     pub instance_id: Option<String>,
     /// Regex of the source topics (regex subscription: new topics are picked up while running).
-    #[arg(long, env = "KAFKA_DELAY_SOURCE_PATTERN", default_value = r"^delay\..+")]
+    #[arg(
+        long,
+        env = "KAFKA_DELAY_SOURCE_PATTERN",
+        default_value = r"^delay\..+"
+    )]
     pub source_pattern: String,
     /// Topic that receives records that cannot be scheduled or delivered.
-    #[arg(long, env = "KAFKA_DELAY_DEAD_LETTER_TOPIC", default_value = "delay-dead-letter")]
+    #[arg(
+        long,
+        env = "KAFKA_DELAY_DEAD_LETTER_TOPIC",
+        default_value = "delay-dead-letter"
+    )]
     pub dead_letter_topic: String,
     /// Partitions of the dead-letter topic when the broker has to create it.
     #[arg(long, env = "KAFKA_DELAY_DEAD_LETTER_PARTITIONS", default_value_t = 1)]
@@ -96,7 +104,7 @@ pub struct RunArgs {
     #[arg(long, env = "KAFKA_DELAY_IN_FLIGHT", default_value_t = 10_000)]
     pub in_flight: usize,
     /// How often to look for new source topics.
-    #[arg(long, env = "KAFKA_DELAY_TOPIC_REFRESH", default_value = "10s")]
+    #[arg(long, env = "KAFKA_DELAY_TOPIC_REFRESH", default_value = "5s")]
     pub topic_refresh: String,
     /// librdkafka property for all clients, KEY=VALUE (repeatable): SASL, TLS, tuning.
     #[arg(long = "kafka-config", env = "KAFKA_DELAY_KAFKA_CONFIG", value_delimiter = ';',
@@ -157,7 +165,10 @@ const OWNED_PROPERTIES: [(&str, &str); 8] = [
     ("group.instance.id", "--instance-id"),
     ("enable.auto.offset.store", "(managed by kafka-delay)"),
     ("enable.idempotence", "(always on)"),
-    ("allow.auto.create.topics", "(targets are never auto-created)"),
+    (
+        "allow.auto.create.topics",
+        "(targets are never auto-created)",
+    ),
     ("topic.metadata.refresh.interval.ms", "--topic-refresh"),
 ];
 
@@ -285,9 +296,17 @@ fn default_instance_id() -> String {
 /// Whether a librdkafka property holds a secret that must never be printed.
 pub fn is_secret(key: &str) -> bool {
     let k = key.to_ascii_lowercase();
-    ["password", "secret", "key.pem", "ssl.key", "token", "jaas", "credential"]
-        .iter()
-        .any(|s| k.contains(s))
+    [
+        "password",
+        "secret",
+        "key.pem",
+        "ssl.key",
+        "token",
+        "jaas",
+        "credential",
+    ]
+    .iter()
+    .any(|s| k.contains(s))
         || k == "sasl.oauthbearer.config"
 }
 
@@ -354,16 +373,46 @@ mod tests {
     fn bad_flags_say_what_to_fix() {
         let cases: [(&[&str], &str); 11] = [
             (&[], "--brokers"),
-            (&["--brokers", "a:1", "--embedded-kafka"], "exclude each other"),
-            (&["--brokers", "a:1", "--source-pattern", "(["], "--source-pattern"),
-            (&["--brokers", "a:1", "--max-delay", "10 days"], "--max-delay"),
-            (&["--brokers", "a:1", "--dead-letter-topic", "delay.dead"], "would loop"),
-            (&["--brokers", "a:1", "--dead-letter-topic", "__dlt"], "internal"),
-            (&["--brokers", "a:1", "--kafka-config", "nokey"], "KEY=VALUE"),
-            (&["--brokers", "a:1", "--kafka-config", "group.id=x"], "--group-id"),
-            (&["--brokers", "a:1", "--log-format", "xml"], "plain or json"),
-            (&["--brokers", "a:1", "--target-allow", "("], "--target-allow"),
-            (&["--brokers", "a:1", "--fire-max-attempts", "0"], "at least 1"),
+            (
+                &["--brokers", "a:1", "--embedded-kafka"],
+                "exclude each other",
+            ),
+            (
+                &["--brokers", "a:1", "--source-pattern", "(["],
+                "--source-pattern",
+            ),
+            (
+                &["--brokers", "a:1", "--max-delay", "10 days"],
+                "--max-delay",
+            ),
+            (
+                &["--brokers", "a:1", "--dead-letter-topic", "delay.dead"],
+                "would loop",
+            ),
+            (
+                &["--brokers", "a:1", "--dead-letter-topic", "__dlt"],
+                "internal",
+            ),
+            (
+                &["--brokers", "a:1", "--kafka-config", "nokey"],
+                "KEY=VALUE",
+            ),
+            (
+                &["--brokers", "a:1", "--kafka-config", "group.id=x"],
+                "--group-id",
+            ),
+            (
+                &["--brokers", "a:1", "--log-format", "xml"],
+                "plain or json",
+            ),
+            (
+                &["--brokers", "a:1", "--target-allow", "("],
+                "--target-allow",
+            ),
+            (
+                &["--brokers", "a:1", "--fire-max-attempts", "0"],
+                "at least 1",
+            ),
         ];
         for (args, want) in cases {
             let err = parse(args).unwrap_err();

@@ -71,7 +71,10 @@ pub async fn serve(
         let stop = async move {
             let _ = shutdown.wait_for(|s| *s).await;
         };
-        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(stop).await {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(stop)
+            .await
+        {
             tracing::error!(error = %e, "HTTP server failed");
         }
     });

@@ -207,15 +207,14 @@ pub fn headers_from<H: Headers>(headers: Option<&H>) -> Vec<Header> {
 
 /// Converts the contract's headers to rdkafka's.
 pub fn headers_to(headers: &[Header]) -> OwnedHeaders {
-    headers.iter().fold(
-        OwnedHeaders::new_with_capacity(headers.len()),
-        |acc, h| {
+    headers
+        .iter()
+        .fold(OwnedHeaders::new_with_capacity(headers.len()), |acc, h| {
             acc.insert(rdkafka::message::Header {
                 key: &h.key,
                 value: h.value.as_deref(),
             })
-        },
-    )
+        })
 }
 
 /// An in-process Kafka-protocol cluster (librdkafka's mock cluster) on 127.0.0.1.
@@ -311,7 +310,10 @@ mod tests {
             ("foobar", -790_332_482),
             ("a-little-bit-long-string", -985_981_536),
             ("a-little-bit-longer-string", -1_486_304_829),
-            ("lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8", -58_897_971),
+            (
+                "lkjh234lh9fiuh90y23oiuhsafujhadof229phr9h19h89h8",
+                -58_897_971,
+            ),
             ("abc", 479_470_107),
         ];
         for (input, want) in cases {

@@ -52,8 +52,10 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn init_logging(json: bool) {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("KAFKA_DELAY_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info,librdkafka=warn,rdkafka=warn"));
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("KAFKA_DELAY_LOG").unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new("info,librdkafka=warn,rdkafka=warn")
+        });
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);

@@ -61,7 +61,10 @@ impl Metrics {
             Ok(m)
         }
         let counter_vec = |name: &str, help: &str, label: &str| {
-            reg(registry, IntCounterVec::new(Opts::new(name, help), &[label])?)
+            reg(
+                registry,
+                IntCounterVec::new(Opts::new(name, help), &[label])?,
+            )
         };
         let lateness = |name: &str, help: &str| {
             reg(
@@ -194,7 +197,13 @@ mod tests {
         let text = render(&registry);
         assert!(text.contains("kafka_delay_fire_records_total{target=\"orders\"} 1"));
         assert!(text.contains("kafka_delay_build_info{version="));
-        assert!(Metrics::new(&registry).is_err(), "a second registration is refused");
-        assert!(Metrics::new(&Registry::new()).is_ok(), "a fresh registry is independent");
+        assert!(
+            Metrics::new(&registry).is_err(),
+            "a second registration is refused"
+        );
+        assert!(
+            Metrics::new(&Registry::new()).is_ok(),
+            "a fresh registry is independent"
+        );
     }
 }

@@ -143,9 +143,9 @@ impl Scheduler {
                     Err(mpsc::error::TrySendError::Closed(_)) => return,
                 }
             }
-            let sleep_ms = self
-                .next_wake()
-                .map_or(MAX_SLEEP_MS, |w| w.saturating_sub(now).clamp(1, MAX_SLEEP_MS));
+            let sleep_ms = self.next_wake().map_or(MAX_SLEEP_MS, |w| {
+                w.saturating_sub(now).clamp(1, MAX_SLEEP_MS)
+            });
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => return,
@@ -214,7 +214,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn fires_when_the_clock_reaches_the_due_time_and_not_before() {
         let mut h = start(8);
-        h.inserts.send(vec![(T0 + 5_000, rid(1)), (T0 + 1_000, rid(2))]).await.unwrap();
+        h.inserts
+            .send(vec![(T0 + 5_000, rid(1)), (T0 + 1_000, rid(2))])
+            .await
+            .unwrap();
         settle().await;
         assert!(drain(&mut h).is_empty());
         h.clock.set(T0 + 999);
@@ -222,16 +225,31 @@ mod tests {
         assert!(drain(&mut h).is_empty(), "one millisecond early");
         h.clock.set(T0 + 1_000);
         settle().await;
-        assert_eq!(drain(&mut h), vec![Due { id: rid(2), at_ms: T0 + 1_000 }]);
+        assert_eq!(
+            drain(&mut h),
+            vec![Due {
+                id: rid(2),
+                at_ms: T0 + 1_000
+            }]
+        );
         h.clock.set(T0 + 10_000);
         settle().await;
-        assert_eq!(drain(&mut h), vec![Due { id: rid(1), at_ms: T0 + 5_000 }]);
+        assert_eq!(
+            drain(&mut h),
+            vec![Due {
+                id: rid(1),
+                at_ms: T0 + 5_000
+            }]
+        );
     }
 
     #[tokio::test(start_paused = true)]
     async fn overdue_records_fire_at_once_in_order() {
         let mut h = start(8);
-        h.inserts.send((0..10).map(|i| (T0 - 1_000 + i, rid(i))).collect()).await.unwrap();
+        h.inserts
+            .send((0..10).map(|i| (T0 - 1_000 + i, rid(i))).collect())
+            .await
+            .unwrap();
         settle().await;
         let fired: Vec<u64> = drain(&mut h).iter().map(|d| d.id.0).collect();
         assert_eq!(fired, (0..10).collect::<Vec<_>>());
@@ -250,10 +268,22 @@ mod tests {
         assert!(drain(&mut h).is_empty());
         h.clock.set(T0 + 1_000);
         settle().await;
-        assert_eq!(drain(&mut h), vec![Due { id: rid(2), at_ms: T0 + 1_000 }]);
+        assert_eq!(
+            drain(&mut h),
+            vec![Due {
+                id: rid(2),
+                at_ms: T0 + 1_000
+            }]
+        );
         h.clock.set(T0 + 2_000);
         settle().await;
-        assert_eq!(drain(&mut h), vec![Due { id: rid(1), at_ms: T0 + 2_000 }]);
+        assert_eq!(
+            drain(&mut h),
+            vec![Due {
+                id: rid(1),
+                at_ms: T0 + 2_000
+            }]
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -276,14 +306,20 @@ mod tests {
     async fn a_full_publisher_does_not_block_inserts_or_lose_entries() {
         let mut h = start(1);
         // 3,000 due records: more than one batch, with room for only one batch in the channel.
-        h.inserts.send((0..3_000).map(|i| (T0 - 1, rid(i))).collect()).await.unwrap();
+        h.inserts
+            .send((0..3_000).map(|i| (T0 - 1, rid(i))).collect())
+            .await
+            .unwrap();
         settle().await;
         // Inserts are still accepted while the publisher is not reading.
         for i in 0..32 {
-            tokio::time::timeout(Duration::from_secs(1), h.inserts.send(vec![(T0 + 50, rid(10_000 + i))]))
-                .await
-                .expect("insert accepted")
-                .unwrap();
+            tokio::time::timeout(
+                Duration::from_secs(1),
+                h.inserts.send(vec![(T0 + 50, rid(10_000 + i))]),
+            )
+            .await
+            .expect("insert accepted")
+            .unwrap();
         }
         h.clock.set(T0 + 100);
         let mut all = Vec::new();

@@ -6,22 +6,18 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use rdkafka::Message;
 use kafka_delay::kafka::java_partition;
-use tempfile::TempDir;
+use rdkafka::Message;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn records_arrive_no_earlier_than_due_and_shortly_after() {
-    let kafka = Kafka::start();
-    let t = Topics::new();
-    kafka.create_topic(&t.delay, 1).await;
-    kafka.create_topic(&t.target, 1).await;
-    kafka.create_topic(&t.dlt, 1).await;
-    let data = TempDir::new().unwrap();
-    let broker = start(config(&kafka, &t, &data, &[])).await;
-    wait_consuming(&kafka, &t, &t.target).await;
+    let Env {
+        kafka,
+        t,
+        data: _data,
+        broker,
+    } = Env::start(1, &[]).await;
     let reader = reader(&kafka, &t.target, 1);
-    let _probe = collect(&reader, 1, Duration::from_secs(5)).await;
 
     let producer = kafka.producer();
     let base = now_ms();
@@ -31,10 +27,24 @@ async fn records_arrive_no_earlier_than_due_and_shortly_after() {
         let header = due.to_string();
         // Half absolute, half relative.
         if i % 2 == 0 {
-            produce(&producer, &t.delay, Some(&format!("k{i}")), Some(&format!("v{i}")), &[("delay-target", &t.target), ("delay-until", &header)]).await;
+            produce(
+                &producer,
+                &t.delay,
+                Some(&format!("k{i}")),
+                Some(&format!("v{i}")),
+                &[("delay-target", &t.target), ("delay-until", &header)],
+            )
+            .await;
         } else {
             let after = format!("{}ms", due - now_ms());
-            produce(&producer, &t.delay, Some(&format!("k{i}")), Some(&format!("v{i}")), &[("delay-target", &t.target), ("delay-after", &after)]).await;
+            produce(
+                &producer,
+                &t.delay,
+                Some(&format!("k{i}")),
+                Some(&format!("v{i}")),
+                &[("delay-target", &t.target), ("delay-after", &after)],
+            )
+            .await;
         }
         want.push(i);
     }
@@ -47,9 +57,28 @@ async fn records_arrive_no_earlier_than_due_and_shortly_after() {
         assert!(g.received_ms + 5 >= due, "received before due");
         assert!(fired - due < 2_000, "fired {} ms late", fired - due);
     }
+    let mut lateness: Vec<u64> = got
+        .iter()
+        .map(|g| g.num("delay-fired-ms") - g.num("delay-due-ms"))
+        .collect();
+    lateness.sort_unstable();
+    eprintln!(
+        "lateness ms (fired - due) over {} records: min {} p50 {} max {}",
+        lateness.len(),
+        lateness[0],
+        lateness[lateness.len() / 2],
+        lateness[lateness.len() - 1]
+    );
     let (status, body) = http_get(broker.http_addr(), "/metrics").await;
     assert_eq!(status, 200);
-    assert!(metric(&body, &format!("kafka_delay_fire_records_total{{target=\"{}\"}}", t.target)).unwrap() >= 20.0);
+    assert!(
+        metric(
+            &body,
+            &format!("kafka_delay_fire_records_total{{target=\"{}\"}}", t.target)
+        )
+        .unwrap()
+            >= 20.0
+    );
     assert_eq!(http_get(broker.http_addr(), "/readyz").await.0, 200);
     assert_eq!(http_get(broker.http_addr(), "/healthz").await.0, 200);
     broker.shutdown().await;
@@ -57,23 +86,29 @@ async fn records_arrive_no_earlier_than_due_and_shortly_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn key_value_and_headers_are_preserved_with_provenance_and_java_partitioning() {
-    let kafka = Kafka::start();
-    let t = Topics::new();
-    kafka.create_topic(&t.delay, 1).await;
-    kafka.create_topic(&t.target, 4).await;
-    kafka.create_topic(&t.dlt, 1).await;
-    let data = TempDir::new().unwrap();
-    let broker = start(config(&kafka, &t, &data, &[])).await;
-    let probe = format!("{}-probe", t.target);
-    kafka.create_topic(&probe, 1).await;
-    wait_consuming(&kafka, &t, &probe).await;
+    let Env {
+        kafka,
+        t,
+        data: _data,
+        broker,
+    } = Env::start(4, &[]).await;
 
     let producer = kafka.producer();
     let keys: Vec<String> = (0..12).map(|i| format!("customer-{i}")).collect();
     for k in &keys {
-        produce(&producer, &t.delay, Some(k), Some(&format!("payload of {k}")), &[
-            ("delay-target", &t.target), ("delay-after", "200ms"), ("trace-id", k), ("tenant", "eu"),
-        ]).await;
+        produce(
+            &producer,
+            &t.delay,
+            Some(k),
+            Some(&format!("payload of {k}")),
+            &[
+                ("delay-target", &t.target),
+                ("delay-after", "200ms"),
+                ("trace-id", k),
+                ("tenant", "eu"),
+            ],
+        )
+        .await;
     }
     let reader = reader(&kafka, &t.target, 4);
     let got = collect(&reader, keys.len(), Duration::from_secs(30)).await;
@@ -83,75 +118,156 @@ async fn key_value_and_headers_are_preserved_with_provenance_and_java_partitioni
         assert_eq!(g.value().unwrap(), format!("payload of {key}"));
         assert_eq!(g.header("trace-id").as_deref(), Some(key.as_str()));
         assert_eq!(g.header("tenant").as_deref(), Some("eu"));
-        assert_eq!(g.header("delay-target"), None, "control headers are not published");
+        assert_eq!(
+            g.header("delay-target"),
+            None,
+            "control headers are not published"
+        );
         assert_eq!(g.header("delay-after"), None);
-        assert_eq!(g.header("delay-origin-topic").as_deref(), Some(t.delay.as_str()));
+        assert_eq!(
+            g.header("delay-origin-topic").as_deref(),
+            Some(t.delay.as_str())
+        );
         assert_eq!(g.header("delay-origin-partition").as_deref(), Some("0"));
         assert!(g.header("delay-origin-offset").is_some());
-        assert_eq!(g.msg.partition(), java_partition(key.as_bytes(), 4), "murmur2 placement of {key}");
+        assert_eq!(
+            g.msg.partition(),
+            java_partition(key.as_bytes(), 4),
+            "murmur2 placement of {key}"
+        );
     }
     broker.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn reschedule_and_cancel_by_id_including_the_etf1_headers() {
-    let kafka = Kafka::start();
-    let t = Topics::new();
-    kafka.create_topic(&t.delay, 1).await;
-    kafka.create_topic(&t.target, 1).await;
-    kafka.create_topic(&t.dlt, 1).await;
-    let data = TempDir::new().unwrap();
-    let broker = start(config(&kafka, &t, &data, &[])).await;
-    let probe = format!("{}-probe", t.target);
-    kafka.create_topic(&probe, 1).await;
-    wait_consuming(&kafka, &t, &probe).await;
+    let Env {
+        kafka,
+        t,
+        data: _data,
+        broker,
+    } = Env::start(1, &[]).await;
 
     let p = kafka.producer();
     let tgt = t.target.as_str();
     let base = now_ms();
     let at = |ms: u64| (base + ms).to_string();
     // job-1: scheduled, then moved later: only the second version arrives, at its new time.
-    produce(&p, &t.delay, Some("job-1"), Some("job-1 v1"), &[("delay-target", tgt), ("delay-until", &at(2_000)), ("delay-id", "job-1")]).await;
-    produce(&p, &t.delay, Some("job-1"), Some("job-1 v2"), &[("delay-target", tgt), ("delay-until", &at(3_500)), ("delay-id", "job-1")]).await;
+    produce(
+        &p,
+        &t.delay,
+        Some("job-1"),
+        Some("job-1 v1"),
+        &[
+            ("delay-target", tgt),
+            ("delay-until", &at(2_000)),
+            ("delay-id", "job-1"),
+        ],
+    )
+    .await;
+    produce(
+        &p,
+        &t.delay,
+        Some("job-1"),
+        Some("job-1 v2"),
+        &[
+            ("delay-target", tgt),
+            ("delay-until", &at(3_500)),
+            ("delay-id", "job-1"),
+        ],
+    )
+    .await;
     // job-2: scheduled, then cancelled with a null value.
-    produce(&p, &t.delay, Some("job-2"), Some("job-2 v1"), &[("delay-target", tgt), ("delay-until", &at(2_000)), ("delay-id", "job-2")]).await;
+    produce(
+        &p,
+        &t.delay,
+        Some("job-2"),
+        Some("job-2 v1"),
+        &[
+            ("delay-target", tgt),
+            ("delay-until", &at(2_000)),
+            ("delay-id", "job-2"),
+        ],
+    )
+    .await;
     produce(&p, &t.delay, Some("job-2"), None, &[("delay-id", "job-2")]).await;
     // etf1 kafka-message-scheduler: key = id, scheduler-epoch in seconds, null value cancels.
     let epoch = ((base + 3_000) / 1_000 + 1).to_string();
-    produce(&p, &t.delay, Some("etf-1"), Some("etf-1 kept"), &[("scheduler-epoch", &epoch), ("scheduler-target-topic", tgt), ("scheduler-target-key", "etf-key")]).await;
-    produce(&p, &t.delay, Some("etf-2"), Some("etf-2 cancelled"), &[("scheduler-epoch", &epoch), ("scheduler-target-topic", tgt)]).await;
+    produce(
+        &p,
+        &t.delay,
+        Some("etf-1"),
+        Some("etf-1 kept"),
+        &[
+            ("scheduler-epoch", &epoch),
+            ("scheduler-target-topic", tgt),
+            ("scheduler-target-key", "etf-key"),
+        ],
+    )
+    .await;
+    produce(
+        &p,
+        &t.delay,
+        Some("etf-2"),
+        Some("etf-2 cancelled"),
+        &[("scheduler-epoch", &epoch), ("scheduler-target-topic", tgt)],
+    )
+    .await;
     produce(&p, &t.delay, Some("etf-2"), None, &[]).await;
 
     let reader = reader(&kafka, &t.target, 1);
     let got = collect(&reader, 3, Duration::from_secs(20)).await;
     // Wait past every due time to be sure nothing else arrives.
     let extra = collect(&reader, 1, Duration::from_secs(3)).await;
-    assert!(extra.is_empty(), "unexpected: {:?}", extra.iter().map(Got::value).collect::<Vec<_>>());
+    assert!(
+        extra.is_empty(),
+        "unexpected: {:?}",
+        extra.iter().map(Got::value).collect::<Vec<_>>()
+    );
     let got = by_value(&got);
     let mut values: Vec<&String> = got.keys().collect();
     values.sort();
-    assert_eq!(values, ["etf-1 kept", "job-1 v2"].iter().map(|s| s.to_string()).collect::<Vec<_>>().iter().collect::<Vec<_>>());
+    assert_eq!(
+        values,
+        ["etf-1 kept", "job-1 v2"]
+            .iter()
+            .map(|s| s.to_string())
+            .collect::<Vec<_>>()
+            .iter()
+            .collect::<Vec<_>>()
+    );
     assert!(got["job-1 v2"].num("delay-fired-ms") >= base + 3_500);
     assert_eq!(got["etf-1 kept"].key().as_deref(), Some("etf-key"));
     assert!(got["etf-1 kept"].num("delay-fired-ms") >= (base + 3_000) / 1_000 * 1_000 + 1_000);
     let (_, body) = http_get(broker.http_addr(), "/metrics").await;
-    assert_eq!(metric(&body, "kafka_delay_ingest_replaced_total"), Some(1.0));
-    assert_eq!(metric(&body, "kafka_delay_ingest_cancelled_total"), Some(2.0));
+    assert_eq!(
+        metric(&body, "kafka_delay_ingest_replaced_total"),
+        Some(1.0)
+    );
+    assert_eq!(
+        metric(&body, "kafka_delay_ingest_cancelled_total"),
+        Some(2.0)
+    );
     broker.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_bad_input_class_lands_in_the_dead_letter_topic_and_nothing_stalls() {
-    let kafka = Kafka::start();
-    let t = Topics::new();
-    kafka.create_topic(&t.delay, 1).await;
-    kafka.create_topic(&t.target, 1).await;
-    kafka.create_topic(&t.dlt, 1).await;
-    let data = TempDir::new().unwrap();
-    let broker = start(config(&kafka, &t, &data, &["--target-allow", "^(out|probe)-", "--max-record-bytes", "2000"])).await;
-    let probe = format!("probe-{}", t.id);
-    kafka.create_topic(&probe, 1).await;
-    wait_consuming(&kafka, &t, &probe).await;
+    let Env {
+        kafka,
+        t,
+        data: _data,
+        broker,
+    } = Env::start(
+        1,
+        &[
+            "--target-allow",
+            "^(out|probe)-",
+            "--max-record-bytes",
+            "2000",
+        ],
+    )
+    .await;
 
     let p = kafka.producer();
     let tgt = t.target.as_str();
@@ -159,21 +275,83 @@ async fn every_bad_input_class_lands_in_the_dead_letter_topic_and_nothing_stalls
     let big = "x".repeat(3_000);
     let cases: Vec<(&str, Vec<(&str, &str)>, Option<&str>)> = vec![
         ("missing-target", vec![("delay-after", "1s")], Some("a")),
-        ("invalid-target", vec![("delay-target", "bad/topic"), ("delay-after", "1s")], Some("b")),
-        ("target-internal", vec![("delay-target", "__consumer_offsets"), ("delay-after", "1s")], Some("c")),
-        ("target-loop", vec![("delay-target", &loop_target), ("delay-after", "1s")], Some("d")),
-        ("target-not-allowed", vec![("delay-target", "payments"), ("delay-after", "1s")], Some("e")),
+        (
+            "invalid-target",
+            vec![("delay-target", "bad/topic"), ("delay-after", "1s")],
+            Some("b"),
+        ),
+        (
+            "target-internal",
+            vec![
+                ("delay-target", "__consumer_offsets"),
+                ("delay-after", "1s"),
+            ],
+            Some("c"),
+        ),
+        (
+            "target-loop",
+            vec![("delay-target", &loop_target), ("delay-after", "1s")],
+            Some("d"),
+        ),
+        (
+            "target-not-allowed",
+            vec![("delay-target", "payments"), ("delay-after", "1s")],
+            Some("e"),
+        ),
         ("missing-due-time", vec![("delay-target", tgt)], Some("f")),
-        ("invalid-due-time", vec![("delay-target", tgt), ("delay-until", "1700000000")], Some("g")),
-        ("invalid-due-time", vec![("delay-target", tgt), ("delay-after", "-5s")], Some("h")),
-        ("conflicting-due-time", vec![("delay-target", tgt), ("delay-after", "1s"), ("delay-until", "1999999999999")], Some("i")),
-        ("due-too-far", vec![("delay-target", tgt), ("delay-after", "400d")], Some("j")),
-        ("conflicting-headers", vec![("delay-target", tgt), ("delay-target", "other"), ("delay-after", "1s")], Some("k")),
-        ("oversized", vec![("delay-target", tgt), ("delay-after", "1s")], Some(big.as_str())),
-        ("missing-id", vec![("scheduler-epoch", "1999999999"), ("scheduler-target-topic", tgt)], Some("m")),
+        (
+            "invalid-due-time",
+            vec![("delay-target", tgt), ("delay-until", "1700000000")],
+            Some("g"),
+        ),
+        (
+            "invalid-due-time",
+            vec![("delay-target", tgt), ("delay-after", "-5s")],
+            Some("h"),
+        ),
+        (
+            "conflicting-due-time",
+            vec![
+                ("delay-target", tgt),
+                ("delay-after", "1s"),
+                ("delay-until", "1999999999999"),
+            ],
+            Some("i"),
+        ),
+        (
+            "due-too-far",
+            vec![("delay-target", tgt), ("delay-after", "400d")],
+            Some("j"),
+        ),
+        (
+            "conflicting-headers",
+            vec![
+                ("delay-target", tgt),
+                ("delay-target", "other"),
+                ("delay-after", "1s"),
+            ],
+            Some("k"),
+        ),
+        (
+            "oversized",
+            vec![("delay-target", tgt), ("delay-after", "1s")],
+            Some(big.as_str()),
+        ),
+        (
+            "missing-id",
+            vec![
+                ("scheduler-epoch", "1999999999"),
+                ("scheduler-target-topic", tgt),
+            ],
+            Some("m"),
+        ),
     ];
     for (i, (_, headers, value)) in cases.iter().enumerate() {
-        let key = if i == cases.len() - 1 { None } else { Some(format!("key-{i}")) };
+        let key = if i == cases.len() - 1 {
+            None
+        } else {
+            Some(format!("key-{i}"))
+        };
         produce(&p, &t.delay, key.as_deref(), *value, headers).await;
     }
     // Non-UTF-8 header value.
@@ -181,57 +359,106 @@ async fn every_bad_input_class_lands_in_the_dead_letter_topic_and_nothing_stalls
         use rdkafka::message::{Header, OwnedHeaders};
         use rdkafka::producer::FutureRecord;
         let hs = OwnedHeaders::new()
-            .insert(Header { key: "delay-target", value: Some(&[0xffu8, 0xfe][..]) })
-            .insert(Header { key: "delay-after", value: Some("1s") });
-        p.send(FutureRecord::<str, str>::to(&t.delay).payload("n").headers(hs), Duration::from_secs(10))
-            .await
-            .map_err(|(e, _)| e)
-            .unwrap();
+            .insert(Header {
+                key: "delay-target",
+                value: Some(&[0xffu8, 0xfe][..]),
+            })
+            .insert(Header {
+                key: "delay-after",
+                value: Some("1s"),
+            });
+        p.send(
+            FutureRecord::<str, str>::to(&t.delay)
+                .payload("n")
+                .headers(hs),
+            Duration::from_secs(10),
+        )
+        .await
+        .map_err(|(e, _)| e)
+        .unwrap();
     }
     // A good record after all the bad ones still goes through: nothing stalled.
-    produce(&p, &t.delay, Some("good"), Some("good"), &[("delay-target", tgt), ("delay-after", "100ms")]).await;
+    produce(
+        &p,
+        &t.delay,
+        Some("good"),
+        Some("good"),
+        &[("delay-target", tgt), ("delay-after", "100ms")],
+    )
+    .await;
 
     let dlt = reader(&kafka, &t.dlt, 1);
     let dead = collect(&dlt, cases.len() + 1, Duration::from_secs(30)).await;
-    assert_eq!(dead.len(), cases.len() + 1, "one dead letter per bad record");
+    assert_eq!(
+        dead.len(),
+        cases.len() + 1,
+        "one dead letter per bad record"
+    );
     for (i, (reason, _, value)) in cases.iter().enumerate() {
         let d = &dead[i];
-        assert_eq!(d.header("delay-error").as_deref(), Some(*reason), "case {i}: {:?}", d.headers());
-        assert!(!d.header("delay-error-detail").unwrap_or_default().is_empty());
+        assert_eq!(
+            d.header("delay-error").as_deref(),
+            Some(*reason),
+            "case {i}: {:?}",
+            d.headers()
+        );
+        assert!(!d
+            .header("delay-error-detail")
+            .unwrap_or_default()
+            .is_empty());
         assert_eq!(d.value().as_deref(), *value, "original value kept");
-        assert_eq!(d.header("delay-origin-topic").as_deref(), Some(t.delay.as_str()));
-        assert_eq!(d.num("delay-origin-offset"), (i + 1) as u64, "offset order (after the probe)");
+        assert_eq!(
+            d.header("delay-origin-topic").as_deref(),
+            Some(t.delay.as_str())
+        );
+        assert_eq!(
+            d.num("delay-origin-offset"),
+            (i + 1) as u64,
+            "offset order (after the probe)"
+        );
     }
-    assert_eq!(dead[cases.len()].header("delay-error").as_deref(), Some("invalid-header"));
+    assert_eq!(
+        dead[cases.len()].header("delay-error").as_deref(),
+        Some("invalid-header")
+    );
     let out = reader(&kafka, &t.target, 1);
     let good = collect(&out, 1, Duration::from_secs(20)).await;
     assert_eq!(good.len(), 1);
     assert_eq!(good[0].value().as_deref(), Some("good"));
     let (_, body) = http_get(broker.http_addr(), "/metrics").await;
-    assert_eq!(metric(&body, "kafka_delay_ingest_rejected_total{reason=\"invalid-due-time\"}"), Some(2.0));
+    assert_eq!(
+        metric(
+            &body,
+            "kafka_delay_ingest_rejected_total{reason=\"invalid-due-time\"}"
+        ),
+        Some(2.0)
+    );
     broker.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_restart_loses_nothing_and_fires_what_became_overdue_at_once() {
-    let kafka = Kafka::start();
-    let t = Topics::new();
-    kafka.create_topic(&t.delay, 1).await;
-    kafka.create_topic(&t.target, 1).await;
-    kafka.create_topic(&t.dlt, 1).await;
-    let data = TempDir::new().unwrap();
-    let probe = format!("{}-probe", t.target);
-    kafka.create_topic(&probe, 1).await;
-    let broker = start(config(&kafka, &t, &data, &[])).await;
-    wait_consuming(&kafka, &t, &probe).await;
+    let Env {
+        kafka,
+        t,
+        data,
+        broker,
+    } = Env::start(1, &[]).await;
 
     let p = kafka.producer();
     let base = now_ms();
     // 30 records: 20 due while the broker is down, 10 due after it is back.
-    for i in 0..30u64 {
-        let due = if i < 20 { base + 3_000 + i * 10 } else { base + 12_000 + i * 10 };
-        produce(&p, &t.delay, Some(&format!("k{i}")), Some(&format!("r{i}")), &[("delay-target", &t.target), ("delay-until", &due.to_string())]).await;
-    }
+    let dues = (0..30u64).map(|i| {
+        (
+            i,
+            if i < 20 {
+                base + 3_000 + i * 10
+            } else {
+                base + 12_000 + i * 10
+            },
+        )
+    });
+    produce_numbered(&p, &t.delay, &t.target, dues).await;
     // Wait until all 30 are stored, then stop.
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     loop {
@@ -239,11 +466,17 @@ async fn a_restart_loses_nothing_and_fires_what_became_overdue_at_once() {
         if metric(&body, "kafka_delay_pending_records") == Some(30.0) {
             break;
         }
-        assert!(std::time::Instant::now() < deadline, "records not stored in time");
+        assert!(
+            std::time::Instant::now() < deadline,
+            "records not stored in time"
+        );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     broker.shutdown().await;
-    tokio::time::sleep(Duration::from_millis((base + 4_000).saturating_sub(now_ms()))).await;
+    tokio::time::sleep(Duration::from_millis(
+        (base + 4_000).saturating_sub(now_ms()),
+    ))
+    .await;
 
     let restarted_at = now_ms();
     let broker = start(config(&kafka, &t, &data, &[])).await;
@@ -255,11 +488,17 @@ async fn a_restart_loses_nothing_and_fires_what_became_overdue_at_once() {
     assert_eq!(got.len(), 30, "nothing lost");
     for i in 0..20 {
         let g = &got[&format!("r{i}")];
-        assert!(g.num("delay-fired-ms") < restarted_at + 5_000, "overdue r{i} fired at once after restart");
+        assert!(
+            g.num("delay-fired-ms") < restarted_at + 5_000,
+            "overdue r{i} fired at once after restart"
+        );
     }
     for i in 20..30 {
         let g = &got[&format!("r{i}")];
-        assert!(g.num("delay-fired-ms") >= g.num("delay-due-ms"), "r{i} not early");
+        assert!(
+            g.num("delay-fired-ms") >= g.num("delay-due-ms"),
+            "r{i} not early"
+        );
     }
     let extra = collect(&reader, 1, Duration::from_secs(2)).await;
     assert!(extra.is_empty(), "nothing ingested twice");
@@ -268,25 +507,32 @@ async fn a_restart_loses_nothing_and_fires_what_became_overdue_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fixed_delay_topics_and_new_topics_are_picked_up_while_running() {
-    let kafka = Kafka::start();
-    let t = Topics::new();
-    kafka.create_topic(&t.delay, 1).await;
-    kafka.create_topic(&t.target, 1).await;
-    kafka.create_topic(&t.dlt, 1).await;
-    let data = TempDir::new().unwrap();
-    let broker = start(config(&kafka, &t, &data, &[])).await;
-    let probe = format!("{}-probe", t.target);
-    kafka.create_topic(&probe, 1).await;
-    wait_consuming(&kafka, &t, &probe).await;
+    let Env {
+        kafka,
+        t,
+        data: _data,
+        broker,
+    } = Env::start(1, &[]).await;
     // A topic created after the broker subscribed.
     let fixed = t.delay_topic("2s");
     kafka.create_topic(&fixed, 1).await;
     let p = kafka.producer();
     let sent = now_ms();
-    produce(&p, &fixed, None, Some("fixed"), &[("delay-target", &t.target)]).await;
+    produce(
+        &p,
+        &fixed,
+        None,
+        Some("fixed"),
+        &[("delay-target", &t.target)],
+    )
+    .await;
     let reader = reader(&kafka, &t.target, 1);
     let got = collect(&reader, 1, Duration::from_secs(30)).await;
-    assert_eq!(got.len(), 1, "a new delay topic is consumed without a restart");
+    assert_eq!(
+        got.len(),
+        1,
+        "a new delay topic is consumed without a restart"
+    );
     assert!(got[0].num("delay-due-ms") >= sent + 2_000 - 50);
     assert!(got[0].num("delay-fired-ms") >= got[0].num("delay-due-ms"));
     broker.shutdown().await;
@@ -294,29 +540,49 @@ async fn fixed_delay_topics_and_new_topics_are_picked_up_while_running() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_target_is_dead_lettered_after_bounded_retries_and_others_keep_firing() {
-    let kafka = Kafka::start();
-    let t = Topics::new();
-    kafka.create_topic(&t.delay, 1).await;
-    kafka.create_topic(&t.target, 1).await;
-    kafka.create_topic(&t.dlt, 1).await;
-    let data = TempDir::new().unwrap();
-    let broker = start(config(&kafka, &t, &data, &[])).await;
-    let probe = format!("{}-probe", t.target);
-    kafka.create_topic(&probe, 1).await;
-    wait_consuming(&kafka, &t, &probe).await;
+    let Env {
+        kafka,
+        t,
+        data: _data,
+        broker,
+    } = Env::start(1, &[]).await;
     let p = kafka.producer();
     let missing = format!("missing-{}", t.id);
-    produce(&p, &t.delay, Some("lost"), Some("to nowhere"), &[("delay-target", &missing), ("delay-after", "0")]).await;
+    produce(
+        &p,
+        &t.delay,
+        Some("lost"),
+        Some("to nowhere"),
+        &[("delay-target", &missing), ("delay-after", "0")],
+    )
+    .await;
     for i in 0..5 {
-        produce(&p, &t.delay, None, Some(&format!("ok{i}")), &[("delay-target", &t.target), ("delay-after", "500ms")]).await;
+        produce(
+            &p,
+            &t.delay,
+            None,
+            Some(&format!("ok{i}")),
+            &[("delay-target", &t.target), ("delay-after", "500ms")],
+        )
+        .await;
     }
     let out = reader(&kafka, &t.target, 1);
-    assert_eq!(collect(&out, 5, Duration::from_secs(20)).await.len(), 5, "other targets keep firing");
+    assert_eq!(
+        collect(&out, 5, Duration::from_secs(20)).await.len(),
+        5,
+        "other targets keep firing"
+    );
     let dlt = reader(&kafka, &t.dlt, 1);
     let dead = collect(&dlt, 1, Duration::from_secs(40)).await;
     assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].header("delay-error").as_deref(), Some("target-not-found"));
-    assert_eq!(dead[0].header("delay-target").as_deref(), Some(missing.as_str()));
+    assert_eq!(
+        dead[0].header("delay-error").as_deref(),
+        Some("target-not-found")
+    );
+    assert_eq!(
+        dead[0].header("delay-target").as_deref(),
+        Some(missing.as_str())
+    );
     assert_eq!(dead[0].value().as_deref(), Some("to nowhere"));
     broker.shutdown().await;
 }

@@ -39,29 +39,48 @@ fn spawn_announcing(args: &[&str]) -> (Proc, String) {
         }
         for _ in lines {}
     });
-    let line = rx.recv_timeout(Duration::from_secs(60)).expect("bootstrap line within 60s");
-    let addr = line.strip_prefix("bootstrap.servers=").expect("bootstrap.servers= line").to_owned();
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("bootstrap line within 60s");
+    let addr = line
+        .strip_prefix("bootstrap.servers=")
+        .expect("bootstrap.servers= line")
+        .to_owned();
     assert!(addr.starts_with("127.0.0.1:"), "{addr}");
     (Proc(child), addr)
 }
 
 fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
 }
 
 fn spawn_broker(brokers: &str, t: &Topics, data: &TempDir, http_port: u16) -> Proc {
     let http = format!("127.0.0.1:{http_port}");
     let child = Command::new(BIN)
         .args([
-            "run", "--brokers", brokers,
-            "--data-dir", data.path().to_str().unwrap(),
-            "--http-addr", &http,
-            "--group-id", &format!("g-{}", t.id),
-            "--instance-id", &format!("i-{}", t.id),
-            "--source-pattern", &t.pattern,
-            "--dead-letter-topic", &t.dlt,
-            "--topic-refresh", "500ms",
-            "--in-flight", "64",
+            "run",
+            "--brokers",
+            brokers,
+            "--data-dir",
+            data.path().to_str().unwrap(),
+            "--http-addr",
+            &http,
+            "--group-id",
+            &format!("g-{}", t.id),
+            "--instance-id",
+            &format!("i-{}", t.id),
+            "--source-pattern",
+            &t.pattern,
+            "--dead-letter-topic",
+            &t.dlt,
+            "--topic-refresh",
+            "500ms",
+            "--in-flight",
+            "64",
         ])
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -84,7 +103,10 @@ async fn wait_ready(port: u16, within: Duration) -> Duration {
         {
             return started.elapsed();
         }
-        assert!(started.elapsed() < within, "broker not ready within {within:?}");
+        assert!(
+            started.elapsed() < within,
+            "broker not ready within {within:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
@@ -105,10 +127,8 @@ async fn kill_9_and_restart_loses_nothing_and_fires_again_within_seconds() {
     let p = kafka.producer();
     let base = now_ms() + 2_000;
     const N: u64 = 300;
-    for i in 0..N {
-        let due = base + i * 20; // one every 20 ms for 6 s
-        produce(&p, &t.delay, Some(&format!("k{i}")), Some(&format!("r{i}")), &[("delay-target", &t.target), ("delay-until", &due.to_string())]).await;
-    }
+    // One every 20 ms for 6 s.
+    produce_numbered(&p, &t.delay, &t.target, (0..N).map(|i| (i, base + i * 20))).await;
     let reader = reader(&kafka, &t.target, target_parts);
     // Kill the broker while it is firing, three times, restarting at once each time.
     let mut got = Vec::new();
@@ -119,31 +139,56 @@ async fn kill_9_and_restart_loses_nothing_and_fires_again_within_seconds() {
         let killed_at = Instant::now();
         broker = spawn_broker(&brokers, &t, &data, port);
         let ready = wait_ready(port, Duration::from_secs(30)).await;
-        assert!(ready < Duration::from_secs(10), "round {round}: ready after {ready:?}");
+        assert!(
+            ready < Duration::from_secs(10),
+            "round {round}: ready after {ready:?}"
+        );
         let next = collect(&reader, 1, Duration::from_secs(15)).await;
         assert_eq!(next.len(), 1, "round {round}: firing again after a restart");
-        assert!(killed_at.elapsed() < Duration::from_secs(15), "firing resumed within seconds");
+        assert!(
+            killed_at.elapsed() < Duration::from_secs(15),
+            "firing resumed within seconds"
+        );
         got.extend(next);
     }
     got.extend(collect(&reader, N as usize * 2, Duration::from_secs(30)).await);
     let mut seen = std::collections::HashMap::<String, usize>::new();
     for g in &got {
         *seen.entry(g.value().unwrap()).or_default() += 1;
-        assert!(g.num("delay-fired-ms") >= g.num("delay-due-ms"), "never early");
+        assert!(
+            g.num("delay-fired-ms") >= g.num("delay-due-ms"),
+            "never early"
+        );
     }
-    let missing: Vec<u64> = (0..N).filter(|i| !seen.contains_key(&format!("r{i}"))).collect();
+    let missing: Vec<u64> = (0..N)
+        .filter(|i| !seen.contains_key(&format!("r{i}")))
+        .collect();
     assert!(missing.is_empty(), "lost after kill -9: {missing:?}");
     let duplicates: usize = seen.values().map(|c| c - 1).sum();
     eprintln!("kill -9 x3: {N} records, 0 lost, {duplicates} duplicates (in-flight window 64)");
-    assert!(duplicates <= 3 * 64, "duplicates bounded by the in-flight window per crash");
+    assert!(
+        duplicates <= 3 * 64,
+        "duplicates bounded by the in-flight window per crash"
+    );
     // A records produced while the broker was down for good measure is consumed too.
-    produce(&p, &t.delay, None, Some("after"), &[("delay-target", &t.target), ("delay-after", "0")]).await;
+    produce(
+        &p,
+        &t.delay,
+        None,
+        Some("after"),
+        &[("delay-target", &t.target), ("delay-after", "0")],
+    )
+    .await;
     let after = collect(&reader, 1, Duration::from_secs(20)).await;
     assert_eq!(after.last().and_then(Got::value).as_deref(), Some("after"));
 
     // SIGTERM: a clean stop that exits 0.
     let pid = broker.0.id().to_string();
-    assert!(Command::new("kill").args(["-TERM", &pid]).status().unwrap().success());
+    assert!(Command::new("kill")
+        .args(["-TERM", &pid])
+        .status()
+        .unwrap()
+        .success());
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         if let Some(status) = broker.0.try_wait().unwrap() {
@@ -159,7 +204,14 @@ async fn kill_9_and_restart_loses_nothing_and_fires_again_within_seconds() {
 fn embedded_kafka_mode_delivers_records_produced_with_kcat() {
     let data = TempDir::new().unwrap();
     let http = format!("127.0.0.1:{}", free_port());
-    let (_broker, brokers) = spawn_announcing(&["run", "--embedded-kafka", "--data-dir", data.path().to_str().unwrap(), "--http-addr", &http]);
+    let (_broker, brokers) = spawn_announcing(&[
+        "run",
+        "--embedded-kafka",
+        "--data-dir",
+        data.path().to_str().unwrap(),
+        "--http-addr",
+        &http,
+    ]);
     let kcat = |args: &[&str], input: &str| {
         use std::io::Write;
         // Bounded: kcat never runs for more than 30 s.
@@ -173,26 +225,82 @@ fn embedded_kafka_mode_delivers_records_produced_with_kcat() {
             .expect("kcat is installed by `make deps`");
         c.stdin.take().unwrap().write_all(input.as_bytes()).unwrap();
         let out = c.wait_with_output().unwrap();
-        assert!(out.status.success(), "kcat {args:?}: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "kcat {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         String::from_utf8_lossy(&out.stdout).into_owned()
     };
     // The target must exist (kafka-delay never creates topics); kcat's metadata request creates it.
     kcat(&["-L", "-t", "orders"], "");
-    kcat(&["-P", "-t", "delay.demo", "-K", ":", "-H", "delay-target=orders", "-H", "delay-after=1s", "-H", "app=demo"], "order-1:hello from kcat\n");
+    kcat(
+        &[
+            "-P",
+            "-t",
+            "delay.demo",
+            "-K",
+            ":",
+            "-H",
+            "delay-target=orders",
+            "-H",
+            "delay-after=1s",
+            "-H",
+            "app=demo",
+        ],
+        "order-1:hello from kcat\n",
+    );
     let started = Instant::now();
-    let out = kcat(&["-C", "-t", "orders", "-o", "beginning", "-c", "1", "-f", "%k|%s|%h\\n"], "");
+    let out = kcat(
+        &[
+            "-C",
+            "-t",
+            "orders",
+            "-o",
+            "beginning",
+            "-c",
+            "1",
+            "-f",
+            "%k|%s|%h\\n",
+        ],
+        "",
+    );
     assert!(started.elapsed() < Duration::from_secs(30));
     assert!(out.starts_with("order-1|hello from kcat|"), "{out}");
-    assert!(out.contains("app=demo") && out.contains("delay-origin-topic=delay.demo"), "{out}");
+    assert!(
+        out.contains("app=demo") && out.contains("delay-origin-topic=delay.demo"),
+        "{out}"
+    );
 }
 
 #[test]
 fn bad_flags_fail_at_start_with_a_message_saying_what_to_fix() {
     let cases: [(&[&str], &str); 4] = [
         (&["run"], "--brokers"),
-        (&["run", "--brokers", "127.0.0.1:1", "--max-delay", "ten days"], "--max-delay"),
-        (&["run", "--brokers", "127.0.0.1:1", "--kafka-config", "bootstrap.servers=x"], "--brokers"),
-        (&["run", "--brokers", "127.0.0.1:1", "--dead-letter-topic", "delay.dead"], "loop"),
+        (
+            &["run", "--brokers", "127.0.0.1:1", "--max-delay", "ten days"],
+            "--max-delay",
+        ),
+        (
+            &[
+                "run",
+                "--brokers",
+                "127.0.0.1:1",
+                "--kafka-config",
+                "bootstrap.servers=x",
+            ],
+            "--brokers",
+        ),
+        (
+            &[
+                "run",
+                "--brokers",
+                "127.0.0.1:1",
+                "--dead-letter-topic",
+                "delay.dead",
+            ],
+            "loop",
+        ),
     ];
     for (args, want) in cases {
         let out = Command::new(BIN).args(args).output().unwrap();

@@ -169,7 +169,10 @@ impl Ingest {
             let headers = headers_from(m.headers());
             let incoming = Incoming {
                 topic,
-                timestamp_ms: m.timestamp().to_millis().and_then(|t| u64::try_from(t).ok()),
+                timestamp_ms: m
+                    .timestamp()
+                    .to_millis()
+                    .and_then(|t| u64::try_from(t).ok()),
                 key: m.key(),
                 value: m.payload(),
                 headers: &headers,

@@ -76,7 +76,9 @@ const REPLACED: [&str; 5] = [
 
 impl std::fmt::Debug for DeadLetters {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeadLetters").field("topic", &self.topic).finish_non_exhaustive()
+        f.debug_struct("DeadLetters")
+            .field("topic", &self.topic)
+            .finish_non_exhaustive()
     }
 }
 
@@ -101,7 +103,11 @@ impl DeadLetters {
     /// # Errors
     /// [`DeadLetterError`] when the topic refuses the record for good (even without its value)
     /// or `max_wait` passes.
-    pub async fn deliver(&self, dl: &DeadLetter, max_wait: Duration) -> Result<(), DeadLetterError> {
+    pub async fn deliver(
+        &self,
+        dl: &DeadLetter,
+        max_wait: Duration,
+    ) -> Result<(), DeadLetterError> {
         let started = tokio::time::Instant::now();
         let mut headers: Vec<Header> = dl
             .headers
@@ -112,8 +118,14 @@ impl DeadLetters {
         headers.push(Header::new(names::ERROR, dl.reject.reason.code()));
         headers.push(Header::new(names::ERROR_DETAIL, dl.reject.detail.as_str()));
         headers.push(Header::new(names::ORIGIN_TOPIC, dl.origin.topic.as_str()));
-        headers.push(Header::new(names::ORIGIN_PARTITION, dl.origin.partition.to_string()));
-        headers.push(Header::new(names::ORIGIN_OFFSET, dl.origin.offset.to_string()));
+        headers.push(Header::new(
+            names::ORIGIN_PARTITION,
+            dl.origin.partition.to_string(),
+        ));
+        headers.push(Header::new(
+            names::ORIGIN_OFFSET,
+            dl.origin.offset.to_string(),
+        ));
         let mut value = dl.value.as_deref();
         let mut backoff = Duration::from_millis(100);
         loop {

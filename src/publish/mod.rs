@@ -147,8 +147,8 @@ impl Publisher {
             error!("publish completion task failed");
         }
         let producer = self.producer.clone();
-        let flushed = tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(10)))
-            .await;
+        let flushed =
+            tokio::task::spawn_blocking(move || producer.flush(Duration::from_secs(10))).await;
         if !matches!(flushed, Ok(Ok(()))) {
             warn!("producer flush did not finish; unacknowledged records fire again after restart");
         }
@@ -183,7 +183,10 @@ impl Publisher {
             let Some(record) = record else {
                 // Cancelled or replaced after it entered the wheel (lazy cancellation).
                 self.metrics.fire_skipped.inc();
-                attempts.lock().unwrap_or_else(|e| e.into_inner()).remove(&due.id);
+                attempts
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .remove(&due.id);
                 continue;
             };
             let Ok(permit) = sem.clone().acquire_owned().await else {
@@ -226,11 +229,18 @@ impl Publisher {
         headers.push(Header::new(names::ORIGIN_PARTITION, partition.to_string()));
         headers.push(Header::new(names::ORIGIN_OFFSET, id.offset().to_string()));
         headers.push(Header::new(names::DUE_MS, record.due_ms.to_string()));
-        headers.push(Header::new(names::FIRED_MS, self.clock.now_ms().to_string()));
+        headers.push(Header::new(
+            names::FIRED_MS,
+            self.clock.now_ms().to_string(),
+        ));
         headers
     }
 
-    async fn produce(&self, id: RecordId, record: &StoredRecord) -> Result<DeliveryFuture, KafkaError> {
+    async fn produce(
+        &self,
+        id: RecordId,
+        record: &StoredRecord,
+    ) -> Result<DeliveryFuture, KafkaError> {
         let headers = self.provenance(id, record);
         loop {
             let mut rec =
@@ -244,7 +254,10 @@ impl Publisher {
             match self.producer.send_result(rec) {
                 Ok(delivery) => return Ok(delivery),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
-                    self.metrics.produce_errors.with_label_values(&["queue_full"]).inc();
+                    self.metrics
+                        .produce_errors
+                        .with_label_values(&["queue_full"])
+                        .inc();
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
                 Err((e, _)) => return Err(e),
@@ -275,11 +288,17 @@ impl Publisher {
             permits.push(o.permit);
             let err = match o.result {
                 Ok(()) => {
-                    self.metrics.fired.with_label_values(&[&o.record.target]).inc();
+                    self.metrics
+                        .fired
+                        .with_label_values(&[&o.record.target])
+                        .inc();
                     self.metrics
                         .delivery_lateness
                         .observe(now.saturating_sub(o.record.due_ms) as f64 / 1000.0);
-                    attempts.lock().unwrap_or_else(|e| e.into_inner()).remove(&o.id);
+                    attempts
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&o.id);
                     finished.push((o.id, o.record));
                     continue;
                 }
@@ -298,8 +317,14 @@ impl Publisher {
             };
             match failure {
                 Failure::Permanent(reason) if a.permanent >= self.policy.max_attempts => {
-                    if self.dead_letter(o.id, &o.record, reason, &err, a.total).await {
-                        attempts.lock().unwrap_or_else(|e| e.into_inner()).remove(&o.id);
+                    if self
+                        .dead_letter(o.id, &o.record, reason, &err, a.total)
+                        .await
+                    {
+                        attempts
+                            .lock()
+                            .unwrap_or_else(|e| e.into_inner())
+                            .remove(&o.id);
                         finished.push((o.id, o.record));
                     } else {
                         retry.push((now + self.policy.backoff_max_ms, o.id));
@@ -431,7 +456,10 @@ mod tests {
             classify(&e(RDKafkaErrorCode::MessageSizeTooLarge)).0,
             Failure::Permanent(Reason::DeliveryFailed)
         );
-        assert_eq!(classify(&e(RDKafkaErrorCode::MessageTimedOut)).0, Failure::Transient);
+        assert_eq!(
+            classify(&e(RDKafkaErrorCode::MessageTimedOut)).0,
+            Failure::Transient
+        );
         assert_eq!(
             classify(&e(RDKafkaErrorCode::NotLeaderForPartition)).0,
             Failure::Transient

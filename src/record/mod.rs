@@ -382,10 +382,10 @@ fn control<'h>(headers: &'h [Header], name: &str) -> Result<Option<&'h str>, Rej
                 return Err(Reject::new(
                     Reason::ConflictingHeaders,
                     format!(
-                        "header {name} appears more than once with different values ('{}' and '{}')",
-                        prev.escape_debug(),
-                        text.escape_debug()
-                    ),
+                    "header {name} appears more than once with different values ('{}' and '{}')",
+                    prev.escape_debug(),
+                    text.escape_debug()
+                ),
                 ))
             }
             _ => found = Some(text),

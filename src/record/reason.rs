@@ -130,18 +130,24 @@ mod tests {
         unique.dedup();
         assert_eq!(unique.len(), codes.len());
         for c in &codes {
-            assert!(c.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'), "{c}");
+            assert!(
+                c.bytes().all(|b| b.is_ascii_lowercase() || b == b'-'),
+                "{c}"
+            );
         }
-        let schema: serde_json::Value = serde_json::from_str(include_str!(
-            "../../schemas/dead-letter.schema.json"
-        ))
-        .expect("schema parses");
-        let listed: Vec<&str> = schema["properties"]["headers"]["properties"]["delay-error"]["enum"]
+        let schema: serde_json::Value =
+            serde_json::from_str(include_str!("../../schemas/dead-letter.schema.json"))
+                .expect("schema parses");
+        let listed: Vec<&str> = schema["properties"]["headers"]["properties"]["delay-error"]
+            ["enum"]
             .as_array()
             .expect("delay-error enum in the schema")
             .iter()
             .map(|v| v.as_str().expect("string"))
             .collect();
-        assert_eq!(listed, codes, "schemas/dead-letter.schema.json lists every reason in order");
+        assert_eq!(
+            listed, codes,
+            "schemas/dead-letter.schema.json lists every reason in order"
+        );
     }
 }

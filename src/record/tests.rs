@@ -60,7 +60,10 @@ fn reason(r: Result<Command, Reject>) -> Reason {
 fn delay_until_in_epoch_ms_and_rfc3339() {
     let s = schedule(run(
         "delay.in",
-        &[h("delay-target", "orders"), h("delay-until", "1763700060000")],
+        &[
+            h("delay-target", "orders"),
+            h("delay-until", "1763700060000"),
+        ],
         Some(b"v"),
     ));
     assert_eq!(s.due_ms, NOW + 60_000);
@@ -78,7 +81,12 @@ fn delay_until_in_epoch_ms_and_rfc3339() {
 
 #[test]
 fn delay_after_is_relative_to_the_record_timestamp() {
-    for (after, ms) in [("5000", 5_000), ("5s", 5_000), ("1h30m", 5_400_000), ("0", 0)] {
+    for (after, ms) in [
+        ("5000", 5_000),
+        ("5s", 5_000),
+        ("1h30m", 5_400_000),
+        ("0", 0),
+    ] {
         let s = schedule(run(
             "delay.in",
             &[h("delay-target", "t"), h("delay-after", after)],
@@ -97,7 +105,11 @@ fn the_topic_name_gives_a_fixed_delay() {
         &[h("delay-target", "t"), h("delay-after", "1s")],
         Some(b"v"),
     ));
-    assert_eq!(s.due_ms, NOW - 1_000 + 1_000, "a header wins over the topic name");
+    assert_eq!(
+        s.due_ms,
+        NOW - 1_000 + 1_000,
+        "a header wins over the topic name"
+    );
     assert_eq!(
         reason(run("delay.orders", &[h("delay-target", "t")], Some(b"v"))),
         Reason::MissingDueTime
@@ -140,7 +152,11 @@ fn key_value_and_user_headers_are_kept_control_headers_dropped() {
 fn delay_id_reschedules_and_a_null_value_cancels() {
     let s = schedule(run(
         "delay.in",
-        &[h("delay-target", "t"), h("delay-after", "1s"), h("delay-id", "job-1")],
+        &[
+            h("delay-target", "t"),
+            h("delay-after", "1s"),
+            h("delay-id", "job-1"),
+        ],
         Some(b"v"),
     ));
     assert_eq!(s.id.as_deref(), Some(&b"job-1"[..]));
@@ -185,7 +201,10 @@ fn etf1_scheduler_headers_are_understood() {
     assert_eq!(
         reason(run_keyed(
             "schedules",
-            &[h("scheduler-epoch", "1763700120"), h("scheduler-target-topic", "out")],
+            &[
+                h("scheduler-epoch", "1763700120"),
+                h("scheduler-target-topic", "out")
+            ],
             None,
             Some(b"v")
         )),
@@ -200,32 +219,87 @@ fn every_bad_input_class_has_its_reason() {
     let cases: Vec<(Vec<Header>, Reason)> = vec![
         (vec![after()], Reason::MissingTarget),
         (vec![h("delay-target", ""), after()], Reason::InvalidTarget),
-        (vec![h("delay-target", &"x".repeat(250)), after()], Reason::InvalidTarget),
-        (vec![h("delay-target", "a/b"), after()], Reason::InvalidTarget),
-        (vec![h("delay-target", ".."), after()], Reason::InvalidTarget),
-        (vec![h("delay-target", "__consumer_offsets"), after()], Reason::TargetInternal),
-        (vec![h("delay-target", "delay.5m"), after()], Reason::TargetLoop),
+        (
+            vec![h("delay-target", &"x".repeat(250)), after()],
+            Reason::InvalidTarget,
+        ),
+        (
+            vec![h("delay-target", "a/b"), after()],
+            Reason::InvalidTarget,
+        ),
+        (
+            vec![h("delay-target", ".."), after()],
+            Reason::InvalidTarget,
+        ),
+        (
+            vec![h("delay-target", "__consumer_offsets"), after()],
+            Reason::TargetInternal,
+        ),
+        (
+            vec![h("delay-target", "delay.5m"), after()],
+            Reason::TargetLoop,
+        ),
         (vec![t()], Reason::MissingDueTime),
         (vec![t(), h("delay-until", "-5")], Reason::InvalidDueTime),
-        (vec![t(), h("delay-until", "1.7e12")], Reason::InvalidDueTime),
-        (vec![t(), h("delay-until", "99999999999999999999999")], Reason::InvalidDueTime),
-        (vec![t(), h("delay-until", "1763700000")], Reason::InvalidDueTime),
+        (
+            vec![t(), h("delay-until", "1.7e12")],
+            Reason::InvalidDueTime,
+        ),
+        (
+            vec![t(), h("delay-until", "99999999999999999999999")],
+            Reason::InvalidDueTime,
+        ),
+        (
+            vec![t(), h("delay-until", "1763700000")],
+            Reason::InvalidDueTime,
+        ),
         (vec![t(), h("delay-after", "-1000")], Reason::InvalidDueTime),
         (vec![t(), h("delay-after", "1.5s")], Reason::InvalidDueTime),
         (vec![t(), h("delay-after", "soon")], Reason::InvalidDueTime),
-        (vec![t(), h("delay-after", "9223372036854775807")], Reason::DueTooFar),
-        (vec![t(), h("delay-after", "400d")], Reason::DueTooFar),
-        (vec![t(), after(), h("delay-until", "1763700060000")], Reason::ConflictingDueTime),
-        (vec![t(), h("delay-after", "1s"), h("delay-after", "2s")], Reason::ConflictingHeaders),
-        (vec![h("delay-target", "a"), h("delay-target", "b"), after()], Reason::ConflictingHeaders),
         (
-            vec![Header { key: "delay-target".into(), value: Some(vec![0xff, 0xfe]) }, after()],
+            vec![t(), h("delay-after", "9223372036854775807")],
+            Reason::DueTooFar,
+        ),
+        (vec![t(), h("delay-after", "400d")], Reason::DueTooFar),
+        (
+            vec![t(), after(), h("delay-until", "1763700060000")],
+            Reason::ConflictingDueTime,
+        ),
+        (
+            vec![t(), h("delay-after", "1s"), h("delay-after", "2s")],
+            Reason::ConflictingHeaders,
+        ),
+        (
+            vec![h("delay-target", "a"), h("delay-target", "b"), after()],
+            Reason::ConflictingHeaders,
+        ),
+        (
+            vec![
+                Header {
+                    key: "delay-target".into(),
+                    value: Some(vec![0xff, 0xfe]),
+                },
+                after(),
+            ],
             Reason::InvalidHeader,
         ),
-        (vec![Header { key: "delay-target".into(), value: None }, after()], Reason::InvalidHeader),
+        (
+            vec![
+                Header {
+                    key: "delay-target".into(),
+                    value: None,
+                },
+                after(),
+            ],
+            Reason::InvalidHeader,
+        ),
     ];
     for (headers, want) in cases {
-        assert_eq!(reason(run("delay.in", &headers, Some(b"v"))), want, "{headers:?}");
+        assert_eq!(
+            reason(run("delay.in", &headers, Some(b"v"))),
+            want,
+            "{headers:?}"
+        );
     }
     // Identical repeats are fine.
     schedule(run("delay.in", &[t(), t(), after(), after()], Some(b"v")));
@@ -240,7 +314,10 @@ fn the_allow_list_and_internal_switch() {
     let mut c = contract();
     c.target_allow = Some(Regex::new("^orders\\.").unwrap());
     assert_eq!(c.check_target("orders.eu"), Ok(()));
-    assert_eq!(c.check_target("payments").unwrap_err().reason, Reason::TargetNotAllowed);
+    assert_eq!(
+        c.check_target("payments").unwrap_err().reason,
+        Reason::TargetNotAllowed
+    );
     c.target_allow = None;
     c.allow_internal_targets = true;
     assert_eq!(c.check_target("__internal"), Ok(()));

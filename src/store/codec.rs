@@ -263,8 +263,7 @@ mod tests {
 
     fn record() -> impl Strategy<Value = StoredRecord> {
         let bytes = || prop::option::of(prop::collection::vec(any::<u8>(), 0..40));
-        let header =
-            ("[a-z-]{0,10}", bytes()).prop_map(|(key, value)| Header { key, value });
+        let header = ("[a-z-]{0,10}", bytes()).prop_map(|(key, value)| Header { key, value });
         (
             any::<u64>(),
             "[a-zA-Z0-9._-]{1,20}",

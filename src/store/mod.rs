@@ -29,10 +29,10 @@ use std::sync::{Mutex, RwLock};
 use rocksdb::{ColumnFamilyDescriptor, Options, WriteBatch, WriteOptions, DB};
 
 use crate::record::Schedule;
-pub use codec::{Pid, RecordId, StoredRecord};
 use codec::{
     due_key, id_key, id_value, partition_key, split_due_key, split_id_value, split_partition_key,
 };
+pub use codec::{Pid, RecordId, StoredRecord};
 
 const CF_RECORDS: &str = "records";
 const CF_DUE: &str = "due";
@@ -194,12 +194,11 @@ impl Store {
             ColumnFamilyDescriptor::new(CF_OFFSETS, Options::default()),
             ColumnFamilyDescriptor::new(CF_META, Options::default()),
         ];
-        let db = DB::open_cf_descriptors(&db_opts, path, cfs).map_err(|source| {
-            StoreError::Open {
+        let db =
+            DB::open_cf_descriptors(&db_opts, path, cfs).map_err(|source| StoreError::Open {
                 path: path.to_owned(),
                 source,
-            }
-        })?;
+            })?;
         let store = Self {
             db,
             sync: options.sync,
@@ -481,12 +480,14 @@ impl Store {
             .into_iter()
             .map(|r| match r.map_err(io("record read"))? {
                 None => Ok(None),
-                Some(bytes) => StoredRecord::decode(&bytes)
-                    .map(Some)
-                    .map_err(|detail| StoreError::Corrupt {
-                        what: "records",
-                        detail,
-                    }),
+                Some(bytes) => {
+                    StoredRecord::decode(&bytes)
+                        .map(Some)
+                        .map_err(|detail| StoreError::Corrupt {
+                            what: "records",
+                            detail,
+                        })
+                }
             })
             .collect()
     }

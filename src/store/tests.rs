@@ -40,7 +40,10 @@ fn a_scheduled_record_survives_reopen_with_its_offset() {
             }])
             .unwrap();
         rid = applied.inserted[0].1;
-        assert_eq!(applied.inserted, vec![(1_000, RecordId::new(pid, 41).unwrap())]);
+        assert_eq!(
+            applied.inserted,
+            vec![(1_000, RecordId::new(pid, 41).unwrap())]
+        );
     }
     let store = open(&dir);
     assert_eq!(store.partition_id("delay.in", 3).unwrap(), rid.pid());
@@ -62,13 +65,25 @@ fn the_same_id_replaces_and_a_cancel_removes_in_the_same_partition_only() {
     let p1 = store.partition_id("delay.in", 1).unwrap();
     let a = store
         .apply(vec![
-            IngestOp::Schedule { pid: p0, offset: 0, schedule: sched(Some("x"), 500, "first") },
-            IngestOp::Schedule { pid: p1, offset: 0, schedule: sched(Some("x"), 600, "other partition") },
+            IngestOp::Schedule {
+                pid: p0,
+                offset: 0,
+                schedule: sched(Some("x"), 500, "first"),
+            },
+            IngestOp::Schedule {
+                pid: p1,
+                offset: 0,
+                schedule: sched(Some("x"), 600, "other partition"),
+            },
         ])
         .unwrap();
     assert_eq!(a.replaced, 0);
     let b = store
-        .apply(vec![IngestOp::Schedule { pid: p0, offset: 1, schedule: sched(Some("x"), 900, "second") }])
+        .apply(vec![IngestOp::Schedule {
+            pid: p0,
+            offset: 1,
+            schedule: sched(Some("x"), 900, "second"),
+        }])
         .unwrap();
     assert_eq!(b.replaced, 1);
     let first = a.inserted[0].1;
@@ -77,8 +92,16 @@ fn the_same_id_replaces_and_a_cancel_removes_in_the_same_partition_only() {
     assert_eq!(pending(&store), vec![(600, a.inserted[1].1), (900, second)]);
     let c = store
         .apply(vec![
-            IngestOp::Cancel { pid: p0, offset: 2, id: b"x".to_vec() },
-            IngestOp::Cancel { pid: p0, offset: 3, id: b"nothing".to_vec() },
+            IngestOp::Cancel {
+                pid: p0,
+                offset: 2,
+                id: b"x".to_vec(),
+            },
+            IngestOp::Cancel {
+                pid: p0,
+                offset: 3,
+                id: b"nothing".to_vec(),
+            },
         ])
         .unwrap();
     assert_eq!((c.cancelled, c.cancel_missed), (1, 1));
@@ -94,10 +117,26 @@ fn reschedule_and_cancel_in_one_batch_see_each_other() {
     let p = store.partition_id("delay.in", 0).unwrap();
     let a = store
         .apply(vec![
-            IngestOp::Schedule { pid: p, offset: 0, schedule: sched(Some("x"), 500, "1") },
-            IngestOp::Schedule { pid: p, offset: 1, schedule: sched(Some("x"), 700, "2") },
-            IngestOp::Cancel { pid: p, offset: 2, id: b"x".to_vec() },
-            IngestOp::Schedule { pid: p, offset: 3, schedule: sched(Some("x"), 800, "3") },
+            IngestOp::Schedule {
+                pid: p,
+                offset: 0,
+                schedule: sched(Some("x"), 500, "1"),
+            },
+            IngestOp::Schedule {
+                pid: p,
+                offset: 1,
+                schedule: sched(Some("x"), 700, "2"),
+            },
+            IngestOp::Cancel {
+                pid: p,
+                offset: 2,
+                id: b"x".to_vec(),
+            },
+            IngestOp::Schedule {
+                pid: p,
+                offset: 3,
+                schedule: sched(Some("x"), 800, "3"),
+            },
         ])
         .unwrap();
     assert_eq!((a.replaced, a.cancelled), (1, 1));
@@ -111,21 +150,37 @@ fn removing_a_fired_record_keeps_a_newer_mapping_of_its_id() {
     let store = open(&dir);
     let p = store.partition_id("delay.in", 0).unwrap();
     let old = store
-        .apply(vec![IngestOp::Schedule { pid: p, offset: 0, schedule: sched(Some("x"), 500, "old") }])
+        .apply(vec![IngestOp::Schedule {
+            pid: p,
+            offset: 0,
+            schedule: sched(Some("x"), 500, "old"),
+        }])
         .unwrap()
         .inserted[0]
         .1;
     let old_rec = store.get(&[old]).unwrap()[0].clone().unwrap();
     // While `old` is being delivered, a reschedule arrives.
     let new = store
-        .apply(vec![IngestOp::Schedule { pid: p, offset: 1, schedule: sched(Some("x"), 900, "new") }])
+        .apply(vec![IngestOp::Schedule {
+            pid: p,
+            offset: 1,
+            schedule: sched(Some("x"), 900, "new"),
+        }])
         .unwrap()
         .inserted[0]
         .1;
-    assert_eq!(store.remove_fired(&[(old, &old_rec)]).unwrap(), 0, "already replaced");
+    assert_eq!(
+        store.remove_fired(&[(old, &old_rec)]).unwrap(),
+        0,
+        "already replaced"
+    );
     // The new mapping still works: a cancel finds it.
     let c = store
-        .apply(vec![IngestOp::Cancel { pid: p, offset: 2, id: b"x".to_vec() }])
+        .apply(vec![IngestOp::Cancel {
+            pid: p,
+            offset: 2,
+            id: b"x".to_vec(),
+        }])
         .unwrap();
     assert_eq!(c.cancelled, 1);
     assert_eq!(store.get(&[new]).unwrap(), vec![None]);
@@ -160,7 +215,11 @@ fn crash_after_the_batch_before_the_offset_commit_neither_loses_nor_duplicates()
         let store = open(&dir);
         pid = store.partition_id("delay.in", 0).unwrap();
         store
-            .apply(vec![IngestOp::Schedule { pid, offset: 0, schedule: sched(None, 500, "v") }])
+            .apply(vec![IngestOp::Schedule {
+                pid,
+                offset: 0,
+                schedule: sched(None, 500, "v"),
+            }])
             .unwrap();
         // crash: Kafka's offset was not committed, the wheel insert never happened
     }
@@ -181,7 +240,11 @@ fn crash_after_delivery_before_the_delete_fires_again_after_restart() {
         let store = open(&dir);
         let pid = store.partition_id("delay.in", 0).unwrap();
         rid = store
-            .apply(vec![IngestOp::Schedule { pid, offset: 0, schedule: sched(None, 500, "v") }])
+            .apply(vec![IngestOp::Schedule {
+                pid,
+                offset: 0,
+                schedule: sched(None, 500, "v"),
+            }])
             .unwrap()
             .inserted[0]
             .1;
@@ -189,7 +252,11 @@ fn crash_after_delivery_before_the_delete_fires_again_after_restart() {
         // produced, delivery report received ... crash before remove_fired
     }
     let store = open(&dir);
-    assert_eq!(pending(&store), vec![(500, rid)], "still pending: published again (at least once)");
+    assert_eq!(
+        pending(&store),
+        vec![(500, rid)],
+        "still pending: published again (at least once)"
+    );
 }
 
 #[test]
@@ -199,7 +266,11 @@ fn crash_after_the_delete_does_not_fire_again() {
         let store = open(&dir);
         let pid = store.partition_id("delay.in", 0).unwrap();
         let rid = store
-            .apply(vec![IngestOp::Schedule { pid, offset: 0, schedule: sched(Some("x"), 500, "v") }])
+            .apply(vec![IngestOp::Schedule {
+                pid,
+                offset: 0,
+                schedule: sched(Some("x"), 500, "v"),
+            }])
             .unwrap()
             .inserted[0]
             .1;
@@ -212,7 +283,13 @@ fn crash_after_the_delete_does_not_fire_again() {
     assert_eq!(store.pending(), 0);
     // The id mapping went with it: a cancel of "x" finds nothing.
     let pid = store.partition_id("delay.in", 0).unwrap();
-    let c = store.apply(vec![IngestOp::Cancel { pid, offset: 1, id: b"x".to_vec() }]).unwrap();
+    let c = store
+        .apply(vec![IngestOp::Cancel {
+            pid,
+            offset: 1,
+            id: b"x".to_vec(),
+        }])
+        .unwrap();
     assert_eq!(c.cancel_missed, 1);
 }
 

@@ -258,7 +258,11 @@ impl<T: Copy> Wheel<T> {
     /// Links node `index` (due after `elapsed`) into its level and slot, or the overflow.
     fn place(&mut self, index: u32) {
         let due = self.nodes.get(index).due;
-        debug_assert!(due > self.elapsed, "placing due {due} at elapsed {}", self.elapsed);
+        debug_assert!(
+            due > self.elapsed,
+            "placing due {due} at elapsed {}",
+            self.elapsed
+        );
         let differing = (self.elapsed ^ due) | SLOT_MASK;
         let level = ((63 - differing.leading_zeros()) / LEVEL_BITS) as usize;
         if level >= NUM_LEVELS {

@@ -85,7 +85,11 @@ impl<T: Copy> Slab<T> {
         if self.free != NIL {
             let index = self.free;
             let node = self.get_mut(index);
-            debug_assert!(node.gen % 2 == 0, "free node {index} is live: gen {}", node.gen);
+            debug_assert!(
+                node.gen % 2 == 0,
+                "free node {index} is live: gen {}",
+                node.gen
+            );
             let next_free = node.next;
             node.gen = node.gen.wrapping_add(1);
             node.due = due;

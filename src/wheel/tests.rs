@@ -14,11 +14,28 @@ fn drain(wheel: &mut Wheel<u64>, now: u64) -> Vec<(u64, u64)> {
 
 #[test]
 fn fires_at_the_due_millisecond_and_not_before() {
-    for delay in [1u64, 63, 64, 65, 4_095, 4_096, 262_144, 3_600_000, 86_400_000 * 30] {
+    for delay in [
+        1u64,
+        63,
+        64,
+        65,
+        4_095,
+        4_096,
+        262_144,
+        3_600_000,
+        86_400_000 * 30,
+    ] {
         let mut wheel = Wheel::new(BASE);
         wheel.insert(BASE + delay, 7).unwrap();
-        assert!(drain(&mut wheel, BASE + delay - 1).is_empty(), "early at {delay}");
-        assert_eq!(drain(&mut wheel, BASE + delay), vec![(BASE + delay, 7)], "delay {delay}");
+        assert!(
+            drain(&mut wheel, BASE + delay - 1).is_empty(),
+            "early at {delay}"
+        );
+        assert_eq!(
+            drain(&mut wheel, BASE + delay),
+            vec![(BASE + delay, 7)],
+            "delay {delay}"
+        );
         assert!(wheel.is_empty());
     }
 }
@@ -26,7 +43,13 @@ fn fires_at_the_due_millisecond_and_not_before() {
 #[test]
 fn an_insert_already_due_is_handed_back() {
     let mut wheel = Wheel::new(BASE);
-    assert_eq!(wheel.insert(BASE, 1), Err(Elapsed { due: BASE, value: 1 }));
+    assert_eq!(
+        wheel.insert(BASE, 1),
+        Err(Elapsed {
+            due: BASE,
+            value: 1
+        })
+    );
     assert_eq!(
         wheel.insert(BASE - 10, 2),
         Err(Elapsed {

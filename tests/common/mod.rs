@@ -24,7 +24,10 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tempfile::TempDir;
 
 pub fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64
 }
 
 /// A name no other test (or earlier run against the same external broker) uses.
@@ -91,7 +94,11 @@ impl Kafka {
                     Ok(r) => {
                         for res in r {
                             if let Err((t, e)) = res {
-                                assert_eq!(e, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists, "create {t}");
+                                assert_eq!(
+                                    e,
+                                    rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists,
+                                    "create {t}"
+                                );
                             }
                         }
                     }
@@ -104,8 +111,15 @@ impl Kafka {
                     .expect("client");
                 let deadline = Instant::now() + Duration::from_secs(20);
                 loop {
-                    let md = client.client().fetch_metadata(Some(name), Duration::from_secs(5)).expect("metadata");
-                    let n = md.topics().iter().find(|t| t.name() == name && t.error().is_none()).map_or(0, |t| t.partitions().len());
+                    let md = client
+                        .client()
+                        .fetch_metadata(Some(name), Duration::from_secs(5))
+                        .expect("metadata");
+                    let n = md
+                        .topics()
+                        .iter()
+                        .find(|t| t.name() == name && t.error().is_none())
+                        .map_or(0, |t| t.partitions().len());
                     if n > 0 {
                         return n as i32;
                     }
@@ -160,18 +174,30 @@ pub fn config(kafka: &Kafka, topics: &Topics, data: &TempDir, extra: &[&str]) ->
     let group = format!("g-{}", topics.id);
     let instance = format!("i-{}", topics.id);
     let mut args = vec![
-        "kafka-delay", "run",
-        "--brokers", &brokers,
-        "--data-dir", &data_dir,
-        "--http-addr", "127.0.0.1:0",
-        "--group-id", &group,
-        "--instance-id", &instance,
-        "--source-pattern", &topics.pattern,
-        "--dead-letter-topic", &topics.dlt,
-        "--topic-refresh", "500ms",
-        "--fire-max-attempts", "2",
-        "--retry-backoff-max", "1s",
-        "--kafka-config", "session.timeout.ms=6000",
+        "kafka-delay",
+        "run",
+        "--brokers",
+        &brokers,
+        "--data-dir",
+        &data_dir,
+        "--http-addr",
+        "127.0.0.1:0",
+        "--group-id",
+        &group,
+        "--instance-id",
+        &instance,
+        "--source-pattern",
+        &topics.pattern,
+        "--dead-letter-topic",
+        &topics.dlt,
+        "--topic-refresh",
+        "500ms",
+        "--fire-max-attempts",
+        "2",
+        "--retry-backoff-max",
+        "1s",
+        "--kafka-config",
+        "session.timeout.ms=6000",
     ];
     args.extend_from_slice(extra);
     match Cli::try_parse_from(args).expect("flags").command {
@@ -185,10 +211,13 @@ pub async fn start(config: Config) -> Running {
 }
 
 pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> Running {
-    tokio::time::timeout(Duration::from_secs(60), app::start(config, clock, Registry::new()))
-        .await
-        .expect("broker starts within 60s")
-        .expect("broker starts")
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        app::start(config, clock, Registry::new()),
+    )
+    .await
+    .expect("broker starts within 60s")
+    .expect("broker starts")
 }
 
 /// Produces one record and waits for its acknowledgement.
@@ -199,7 +228,15 @@ pub async fn produce(
     value: Option<&str>,
     headers: &[(&str, &str)],
 ) {
-    produce_to(producer, topic, None, key.map(str::as_bytes), value.map(str::as_bytes), headers).await
+    produce_to(
+        producer,
+        topic,
+        None,
+        key.map(str::as_bytes),
+        value.map(str::as_bytes),
+        headers,
+    )
+    .await
 }
 
 pub async fn produce_to(
@@ -212,7 +249,10 @@ pub async fn produce_to(
 ) {
     let mut hs = OwnedHeaders::new();
     for (k, v) in headers {
-        hs = hs.insert(Header { key: k, value: Some(*v) });
+        hs = hs.insert(Header {
+            key: k,
+            value: Some(*v),
+        });
     }
     let mut rec = FutureRecord::<[u8], [u8]>::to(topic).headers(hs);
     if let Some(p) = partition {
@@ -242,7 +282,8 @@ pub fn reader(kafka: &Kafka, topic: &str, partitions: i32) -> StreamConsumer {
         .expect("consumer");
     let mut tpl = TopicPartitionList::new();
     for p in 0..partitions {
-        tpl.add_partition_offset(topic, p, Offset::Beginning).unwrap();
+        tpl.add_partition_offset(topic, p, Offset::Beginning)
+            .unwrap();
     }
     c.assign(&tpl).expect("assign");
     c
@@ -268,22 +309,34 @@ impl Got {
             .headers()
             .map(|hs| {
                 hs.iter()
-                    .map(|h| (h.key.to_owned(), h.value.map(|v| String::from_utf8_lossy(v).into_owned())))
+                    .map(|h| {
+                        (
+                            h.key.to_owned(),
+                            h.value.map(|v| String::from_utf8_lossy(v).into_owned()),
+                        )
+                    })
                     .collect()
             })
             .unwrap_or_default()
     }
 
     pub fn value(&self) -> Option<String> {
-        self.msg.payload().map(|v| String::from_utf8_lossy(v).into_owned())
+        self.msg
+            .payload()
+            .map(|v| String::from_utf8_lossy(v).into_owned())
     }
 
     pub fn key(&self) -> Option<String> {
-        self.msg.key().map(|v| String::from_utf8_lossy(v).into_owned())
+        self.msg
+            .key()
+            .map(|v| String::from_utf8_lossy(v).into_owned())
     }
 
     pub fn num(&self, name: &str) -> u64 {
-        self.header(name).unwrap_or_else(|| panic!("header {name}")).parse().expect("number")
+        self.header(name)
+            .unwrap_or_else(|| panic!("header {name}"))
+            .parse()
+            .expect("number")
     }
 }
 
@@ -297,7 +350,10 @@ pub async fn collect(c: &StreamConsumer, n: usize, timeout: Duration) -> Vec<Got
             break;
         }
         match tokio::time::timeout(left, c.recv()).await {
-            Ok(Ok(m)) => out.push(Got { msg: m.detach(), received_ms: now_ms() }),
+            Ok(Ok(m)) => out.push(Got {
+                msg: m.detach(),
+                received_ms: now_ms(),
+            }),
             Ok(Err(e)) => panic!("consume error: {e}"),
             Err(_) => break,
         }
@@ -309,22 +365,93 @@ pub async fn collect(c: &StreamConsumer, n: usize, timeout: Duration) -> Vec<Got
 pub async fn wait_consuming(kafka: &Kafka, topics: &Topics, probe_target: &str) {
     let producer = kafka.producer();
     let reader = reader(kafka, probe_target, 1);
-    produce(&producer, &topics.delay, None, Some("probe"), &[("delay-target", probe_target), ("delay-after", "0")]).await;
+    produce(
+        &producer,
+        &topics.delay,
+        None,
+        Some("probe"),
+        &[("delay-target", probe_target), ("delay-after", "0")],
+    )
+    .await;
     let got = collect(&reader, 1, Duration::from_secs(45)).await;
-    assert_eq!(got.len(), 1, "the broker did not start consuming within 45s");
+    assert_eq!(
+        got.len(),
+        1,
+        "the broker did not start consuming within 45s"
+    );
+}
+
+/// Produces `r{i}` keyed `k{i}` to `topic` for each `(i, due)`, due at `due` on `target`.
+pub async fn produce_numbered(
+    producer: &FutureProducer,
+    topic: &str,
+    target: &str,
+    dues: impl IntoIterator<Item = (u64, u64)>,
+) {
+    for (i, due) in dues {
+        let due = due.to_string();
+        let (key, value) = (format!("k{i}"), format!("r{i}"));
+        produce(
+            producer,
+            topic,
+            Some(&key),
+            Some(&value),
+            &[("delay-target", target), ("delay-until", &due)],
+        )
+        .await;
+    }
+}
+
+/// A test's whole setup: Kafka, its topics (delay, target, dead-letter: 1 partition each, the
+/// target with `target_partitions`), a RocksDB directory, and a broker that is consuming.
+pub struct Env {
+    pub kafka: Kafka,
+    pub t: Topics,
+    pub data: TempDir,
+    pub broker: Running,
+}
+
+impl Env {
+    pub async fn start(target_partitions: i32, extra: &[&str]) -> Env {
+        let kafka = Kafka::start();
+        let t = Topics::new();
+        kafka.create_topic(&t.delay, 1).await;
+        kafka.create_topic(&t.target, target_partitions).await;
+        kafka.create_topic(&t.dlt, 1).await;
+        let data = TempDir::new().unwrap();
+        let broker = start(config(&kafka, &t, &data, extra)).await;
+        let probe = format!("probe-{}", t.id);
+        kafka.create_topic(&probe, 1).await;
+        wait_consuming(&kafka, &t, &probe).await;
+        Env {
+            kafka,
+            t,
+            data,
+            broker,
+        }
+    }
 }
 
 /// GET on the broker's HTTP server; returns (status, body).
 pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
+    s.write_all(
+        format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n").as_bytes(),
+    )
+    .await
+    .unwrap();
     let mut buf = String::new();
     s.read_to_string(&mut buf).await.unwrap();
-    let status = buf.split_whitespace().nth(1).and_then(|c| c.parse().ok()).unwrap_or(0);
-    let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned()).unwrap_or_default();
+    let status = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let body = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
     (status, body)
 }
 
@@ -337,5 +464,7 @@ pub fn metric(body: &str, name: &str) -> Option<f64> {
 }
 
 pub fn by_value(got: &[Got]) -> HashMap<String, Got> {
-    got.iter().map(|g| (g.value().unwrap_or_default(), g.clone())).collect()
+    got.iter()
+        .map(|g| (g.value().unwrap_or_default(), g.clone()))
+        .collect()
 }
