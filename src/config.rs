@@ -60,6 +60,14 @@ pub struct RunArgs {
     /// host name.
     #[arg(long, env = "KAFKA_DELAY_INSTANCE_ID")]
     pub instance_id: Option<String>,
+    /// Join the group as a dynamic member (no group.instance.id), for Kafka-compatible brokers
+    /// that mishandle static membership.
+    #[arg(
+        long,
+        env = "KAFKA_DELAY_NO_STATIC_MEMBERSHIP",
+        conflicts_with = "instance_id"
+    )]
+    pub no_static_membership: bool,
     /// Regex of the source topics (regex subscription: new topics are picked up while running).
     #[arg(
         long,
@@ -128,8 +136,8 @@ pub struct Config {
     pub http_addr: SocketAddr,
     /// Consumer group.
     pub group_id: String,
-    /// Static membership id.
-    pub instance_id: String,
+    /// Static membership id; `None` joins as a dynamic member.
+    pub instance_id: Option<String>,
     /// Dead-letter topic.
     pub dead_letter_topic: String,
     /// Its partitions when created.
@@ -256,8 +264,9 @@ impl RunArgs {
         };
         let instance_id = match &self.instance_id {
             Some(id) if id.is_empty() => return fail("--instance-id is empty".into()),
-            Some(id) => id.clone(),
-            None => default_instance_id(),
+            Some(id) => Some(id.clone()),
+            None if self.no_static_membership => None,
+            None => Some(default_instance_id()),
         };
         Ok(Config {
             brokers,
@@ -365,7 +374,9 @@ mod tests {
         assert_eq!(c.contract.max_delay_ms, 365 * 86_400_000);
         assert!(c.contract.source_pattern.is_match("delay.30s"));
         assert!(!c.contract.source_pattern.is_match(&c.dead_letter_topic));
-        assert!(c.instance_id.starts_with("kafka-delay-"));
+        assert!(c.instance_id.unwrap().starts_with("kafka-delay-"));
+        let c = parse(&["--brokers", "a:1", "--no-static-membership"]).unwrap();
+        assert_eq!(c.instance_id, None);
         assert!(!c.sync);
     }
 

@@ -273,7 +273,8 @@ async fn every_bad_input_class_lands_in_the_dead_letter_topic_and_nothing_stalls
     let tgt = t.target.as_str();
     let loop_target = t.delay_topic("5s");
     let big = "x".repeat(3_000);
-    let cases: Vec<(&str, Vec<(&str, &str)>, Option<&str>)> = vec![
+    type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, Option<&'a str>);
+    let cases: Vec<Case<'_>> = vec![
         ("missing-target", vec![("delay-after", "1s")], Some("a")),
         (
             "invalid-target",

@@ -50,13 +50,15 @@ pub fn consumer(
 ) -> Result<StreamConsumer<IngestContext>, KafkaSetupError> {
     let mut c = base_config(config);
     c.set("group.id", &config.group_id)
-        .set("group.instance.id", &config.instance_id)
         .set("enable.auto.offset.store", "false")
         .set("allow.auto.create.topics", "false")
         .set(
             "topic.metadata.refresh.interval.ms",
             config.topic_refresh_ms.to_string(),
         );
+    if let Some(id) = &config.instance_id {
+        c.set("group.instance.id", id);
+    }
     let defaults = [
         ("enable.auto.commit", "true"),
         ("auto.commit.interval.ms", "1000"),

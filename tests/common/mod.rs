@@ -90,19 +90,17 @@ impl Kafka {
                 let opts = AdminOptions::new()
                     .operation_timeout(Some(Duration::from_secs(10)))
                     .request_timeout(Some(Duration::from_secs(5)));
-                match admin.create_topics([&t], &opts).await {
-                    Ok(r) => {
-                        for res in r {
-                            if let Err((t, e)) = res {
-                                assert_eq!(
-                                    e,
-                                    rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists,
-                                    "create {t}"
-                                );
-                            }
+                // Without CreateTopics (an error here), the metadata request below creates it.
+                if let Ok(r) = admin.create_topics([&t], &opts).await {
+                    for res in r {
+                        if let Err((t, e)) = res {
+                            assert_eq!(
+                                e,
+                                rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists,
+                                "create {t}"
+                            );
                         }
                     }
-                    Err(_) => {} // no CreateTopics: the metadata request below creates it
                 }
                 let client: rdkafka::producer::BaseProducer = ClientConfig::new()
                     .set("bootstrap.servers", b)
@@ -173,6 +171,9 @@ pub fn config(kafka: &Kafka, topics: &Topics, data: &TempDir, extra: &[&str]) ->
     let data_dir = data.path().to_str().unwrap().to_owned();
     let group = format!("g-{}", topics.id);
     let instance = format!("i-{}", topics.id);
+    // Extra flags for a particular external broker, e.g. KAFKA_DELAY_TEST_FLAGS=--no-static-membership
+    let env_flags = std::env::var("KAFKA_DELAY_TEST_FLAGS").unwrap_or_default();
+    let dynamic = env_flags.contains("--no-static-membership");
     let mut args = vec![
         "kafka-delay",
         "run",
@@ -184,8 +185,6 @@ pub fn config(kafka: &Kafka, topics: &Topics, data: &TempDir, extra: &[&str]) ->
         "127.0.0.1:0",
         "--group-id",
         &group,
-        "--instance-id",
-        &instance,
         "--source-pattern",
         &topics.pattern,
         "--dead-letter-topic",
@@ -199,6 +198,10 @@ pub fn config(kafka: &Kafka, topics: &Topics, data: &TempDir, extra: &[&str]) ->
         "--kafka-config",
         "session.timeout.ms=6000",
     ];
+    if !dynamic {
+        args.extend_from_slice(&["--instance-id", &instance]);
+    }
+    args.extend(env_flags.split_whitespace());
     args.extend_from_slice(extra);
     match Cli::try_parse_from(args).expect("flags").command {
         Command::Run(a) => a.validate().expect("valid config"),
