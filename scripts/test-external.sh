@@ -22,4 +22,7 @@ for _ in $(seq 1 150); do
   sleep 0.2
 done
 echo "end-to-end tests against tansu at 127.0.0.1:$port (log: $log)"
-KAFKA_DELAY_TEST_BROKERS="127.0.0.1:$port" cargo test --test e2e
+# tansu 0.6.0 mishandles static group membership (a static member often never gets its
+# assignment), so against it the broker joins as a dynamic member.
+KAFKA_DELAY_TEST_FLAGS="--no-static-membership" KAFKA_DELAY_TEST_BROKERS="127.0.0.1:$port" \
+  cargo test --test e2e
