@@ -160,7 +160,8 @@ impl Ingest {
         let now = self.clock.now_ms();
         let mut ops = Vec::with_capacity(group.len());
         let mut dead = Vec::new();
-        let mut last: HashMap<(String, i32), i64> = HashMap::new();
+        // Last offset per partition in this group, with the partition's store id.
+        let mut last: HashMap<(String, i32), (Pid, i64)> = HashMap::new();
         for m in &group {
             let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
             let pid = self.partition_id(topic, partition).await;
@@ -207,7 +208,7 @@ impl Ingest {
                     });
                 }
             }
-            last.insert((topic.to_owned(), partition), offset);
+            last.insert((topic.to_owned(), partition), (pid, offset));
         }
         if ops.is_empty() {
             return;
@@ -216,13 +217,11 @@ impl Ingest {
             self.dead_letter(dl).await;
         }
         let applied = self.apply(ops).await;
-        for ((topic, partition), offset) in &last {
+        for ((topic, partition), (pid, offset)) in &last {
             if let Err(e) = self.consumer.store_offset(topic, *partition, *offset) {
                 debug!(%topic, partition, error = %e, "offset not stored (partition revoked?)");
             }
-            if let Some(pid) = self.store.lookup_partition(topic, *partition) {
-                self.next_offsets.insert(pid, offset + 1);
-            }
+            self.next_offsets.insert(*pid, offset + 1);
         }
         self.metrics.replaced.inc_by(applied.replaced as u64);
         self.metrics.cancelled.inc_by(applied.cancelled as u64);

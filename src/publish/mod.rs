@@ -392,10 +392,10 @@ impl Publisher {
     }
 
     async fn remove(&self, finished: Vec<(RecordId, StoredRecord)>) {
-        let store = self.store.clone();
+        let finished = Arc::new(finished);
         let mut delay = Duration::from_millis(50);
         loop {
-            let store = store.clone();
+            let store = self.store.clone();
             let batch = finished.clone();
             let result = tokio::task::spawn_blocking(move || {
                 let refs: Vec<(RecordId, &StoredRecord)> =
