@@ -110,14 +110,14 @@ pub async fn start(
     let scheduler = tokio::spawn(scheduler.run(insert_rx, due_tx, stop_rest_rx.clone()));
     let publisher = Publisher {
         store: store.clone(),
-        producer,
+        producer: producer.clone(),
         dead: dead.clone(),
         metrics: metrics.clone(),
         clock: clock.clone(),
         retries: insert_tx.clone(),
         policy: RetryPolicy {
             max_attempts: config.fire_max_attempts,
-            backoff_max_ms: config.retry_backoff_max_ms,
+            backoff_max_ms: config.fire_backoff_max_ms,
         },
         in_flight: config.in_flight,
     };
@@ -133,6 +133,13 @@ pub async fn start(
             .await
             .expect("offsets task")?
     };
+    if let Some(topic) = &config.retry_topic {
+        if let Err(e) =
+            kafka::ensure_topic(&config, &producer, topic, config.dead_letter_partitions).await
+        {
+            warn!(%topic, error = %e, "the retry topic does not exist and could not be created");
+        }
+    }
     let consumer = ingest::consumer(&config, store.clone())?;
     let ingest = Ingest {
         consumer,
@@ -144,6 +151,7 @@ pub async fn start(
         dead,
         next_offsets,
         store_healthy: health.store_healthy.clone(),
+        dead_letter_topics: ingest::TopicCreator::new(Arc::new(config.clone()), producer.clone()),
     };
     let ingest = tokio::spawn(ingest.run(stop_ingest_rx));
     health.ready.store(true, Ordering::Relaxed);

@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use regex::Regex;
 
 use crate::record::{time::parse_duration_ms, Contract};
+use crate::retry::{self, Policy, Retries};
 
 /// kafka-delay: delayed delivery and retries for Apache Kafka.
 #[derive(Debug, Parser)]
@@ -82,7 +83,8 @@ pub struct RunArgs {
         default_value = "delay-dead-letter"
     )]
     pub dead_letter_topic: String,
-    /// Partitions of the dead-letter topic when the broker has to create it.
+    /// Partitions of the topics the broker creates when they are missing: the dead-letter
+    /// topic, the retry topic and the targets' retry dead-letter topics.
     #[arg(long, env = "KAFKA_DELAY_DEAD_LETTER_PARTITIONS", default_value_t = 1)]
     pub dead_letter_partitions: i32,
     /// When set, target topics must match this regex.
@@ -106,8 +108,31 @@ pub struct RunArgs {
     #[arg(long, env = "KAFKA_DELAY_FIRE_MAX_ATTEMPTS", default_value_t = 5)]
     pub fire_max_attempts: u32,
     /// Longest wait between delivery retries (the backoff doubles from 100ms up to this).
-    #[arg(long, env = "KAFKA_DELAY_RETRY_BACKOFF_MAX", default_value = "30s")]
-    pub retry_backoff_max: String,
+    #[arg(long, env = "KAFKA_DELAY_FIRE_BACKOFF_MAX", default_value = "30s")]
+    pub fire_backoff_max: String,
+    /// Regex of the retry topics: a record there is a consumer's retry (attempts counted,
+    /// backoff applied). They must also match --source-pattern; created at start when missing.
+    #[arg(
+        long,
+        env = "KAFKA_DELAY_RETRY_TOPICS",
+        default_value = r"^delay\.retry$"
+    )]
+    pub retry_topics: String,
+    /// Retry topic created at start when it does not exist (empty: none).
+    #[arg(long, env = "KAFKA_DELAY_RETRY_TOPIC", default_value = "delay.retry")]
+    pub retry_topic: String,
+    /// Default retry policy, KEY=VALUE,...: backoff (fixed|exponential), delay, factor,
+    /// max-delay, jitter, max-attempts, dead-letter ({target} is replaced by the target).
+    #[arg(long, env = "KAFKA_DELAY_RETRY_DEFAULT", default_value = retry::DEFAULT_SPEC)]
+    pub retry_default: String,
+    /// Retry policy of the targets matching a regex, REGEX=KEY=VALUE,... (repeatable; the
+    /// first match wins; keys not given come from --retry-default).
+    #[arg(
+        long = "retry-policy",
+        env = "KAFKA_DELAY_RETRY_POLICY",
+        value_delimiter = ';'
+    )]
+    pub retry_policy: Vec<String>,
     /// Most deliveries in flight at once.
     #[arg(long, env = "KAFKA_DELAY_IN_FLIGHT", default_value_t = 10_000)]
     pub in_flight: usize,
@@ -140,6 +165,8 @@ pub struct Config {
     pub instance_id: Option<String>,
     /// Dead-letter topic.
     pub dead_letter_topic: String,
+    /// Retry topic to create at start, if any.
+    pub retry_topic: Option<String>,
     /// Its partitions when created.
     pub dead_letter_partitions: i32,
     /// Header contract rules.
@@ -149,7 +176,7 @@ pub struct Config {
     /// Attempts before a permanently failing delivery is dead-lettered.
     pub fire_max_attempts: u32,
     /// Backoff cap, ms.
-    pub retry_backoff_max_ms: u64,
+    pub fire_backoff_max_ms: u64,
     /// In-flight deliveries.
     pub in_flight: usize,
     /// New-topic discovery interval, ms.
@@ -225,6 +252,7 @@ impl RunArgs {
             allow_internal_targets: self.allow_internal_targets,
             max_delay_ms,
             max_record_bytes: self.max_record_bytes,
+            retry: self.retries()?,
         };
         // The dead-letter topic must be a legal topic that is not itself consumed.
         if let Err(rej) = contract.check_target(&self.dead_letter_topic) {
@@ -244,7 +272,33 @@ impl RunArgs {
         if self.max_record_bytes < 1 {
             return fail("--max-record-bytes must be at least 1".into());
         }
-        let retry_backoff_max_ms = duration("--retry-backoff-max", &self.retry_backoff_max)?;
+        let retry_topic = match self.retry_topic.as_str() {
+            "" => None,
+            t => {
+                if !contract.source_pattern.is_match(t) || !contract.retry.topics.is_match(t) {
+                    return fail(format!(
+                        "--retry-topic '{t}' must match both --source-pattern '{}' and --retry-topics '{}'",
+                        contract.source_pattern, contract.retry.topics
+                    ));
+                }
+                Some(t.to_owned())
+            }
+        };
+        for (pattern, policy) in std::iter::once((None, &contract.retry.default))
+            .chain(contract.retry.by_target.iter().map(|(r, p)| (Some(r), p)))
+        {
+            let sample = policy.dead_letter_topic("orders");
+            if let Err(rej) = contract.check_dead_letter_topic(&sample) {
+                let flag = pattern.map_or("--retry-default".to_owned(), |r| {
+                    format!("--retry-policy {r}")
+                });
+                return fail(format!(
+                    "{flag}: dead-letter '{}' does not give a usable topic (for target 'orders': {})",
+                    policy.dead_letter, rej.detail
+                ));
+            }
+        }
+        let fire_backoff_max_ms = duration("--fire-backoff-max", &self.fire_backoff_max)?;
         let topic_refresh_ms = duration("--topic-refresh", &self.topic_refresh)?;
         if topic_refresh_ms < 100 {
             return fail("--topic-refresh must be at least 100ms".into());
@@ -276,15 +330,51 @@ impl RunArgs {
             group_id: self.group_id.clone(),
             instance_id,
             dead_letter_topic: self.dead_letter_topic.clone(),
+            retry_topic,
             dead_letter_partitions: self.dead_letter_partitions,
             contract,
             sync: self.sync,
             fire_max_attempts: self.fire_max_attempts,
-            retry_backoff_max_ms,
+            fire_backoff_max_ms,
             in_flight: self.in_flight,
             topic_refresh_ms,
             kafka_config: self.kafka_config.clone(),
             log_json,
+        })
+    }
+}
+
+impl RunArgs {
+    fn retries(&self) -> Result<Retries, ConfigError> {
+        let topics = Regex::new(&self.retry_topics).map_err(|e| {
+            ConfigError(format!(
+                "--retry-topics '{}' is not a valid regex: {e}",
+                self.retry_topics
+            ))
+        })?;
+        let default = Policy::parse(&self.retry_default, &Policy::default())
+            .map_err(|e| ConfigError(format!("--retry-default: {e}")))?;
+        let mut by_target = Vec::new();
+        for item in &self.retry_policy {
+            // Topic names have no '=', so neither do the patterns that match them.
+            let Some((pattern, spec)) = item.split_once('=') else {
+                return Err(ConfigError(format!(
+                    "--retry-policy '{item}': use REGEX=KEY=VALUE,... (e.g. '^orders\\.=max-attempts=10')"
+                )));
+            };
+            let re = Regex::new(pattern).map_err(|e| {
+                ConfigError(format!(
+                    "--retry-policy '{pattern}' is not a valid regex: {e}"
+                ))
+            })?;
+            let policy = Policy::parse(spec, &default)
+                .map_err(|e| ConfigError(format!("--retry-policy {pattern}: {e}")))?;
+            by_target.push((re, policy));
+        }
+        Ok(Retries {
+            topics,
+            default,
+            by_target,
         })
     }
 }
@@ -368,6 +458,37 @@ mod tests {
     }
 
     #[test]
+    fn retry_policies_layer_on_the_default() {
+        let c = parse(&[
+            "--brokers",
+            "a:1",
+            "--retry-default",
+            "max-attempts=3,delay=2s",
+            "--retry-policy",
+            r"^orders\.=backoff=fixed,delay=10s",
+            "--retry-policy",
+            "^payments=dead-letter=dlt.{target}",
+        ])
+        .unwrap();
+        let r = &c.contract.retry;
+        assert_eq!(r.policy_for("billing").max_attempts, 3);
+        assert_eq!(r.policy_for("billing").delay_ms, 2_000);
+        let orders = r.policy_for("orders.eu");
+        assert_eq!(orders.backoff, retry::Backoff::Fixed);
+        assert_eq!((orders.delay_ms, orders.max_attempts), (10_000, 3));
+        assert_eq!(
+            r.policy_for("payments").dead_letter_topic("payments"),
+            "dlt.payments"
+        );
+        assert_eq!(
+            r.policy_for("billing").dead_letter_topic("billing"),
+            "billing.dlt"
+        );
+        assert_eq!(c.retry_topic.as_deref(), Some("delay.retry"));
+        assert!(r.topics.is_match("delay.retry"));
+    }
+
+    #[test]
     fn defaults_are_sane() {
         let c = parse(&["--brokers", "127.0.0.1:9092"]).unwrap();
         assert_eq!(c.dead_letter_topic, "delay-dead-letter");
@@ -382,7 +503,36 @@ mod tests {
 
     #[test]
     fn bad_flags_say_what_to_fix() {
-        let cases: [(&[&str], &str); 11] = [
+        let cases: [(&[&str], &str); 17] = [
+            (
+                &["--brokers", "a:1", "--retry-default", "backoff=linear"],
+                "--retry-default: backoff 'linear': use fixed or exponential",
+            ),
+            (
+                &["--brokers", "a:1", "--retry-default", "jitter=1.5"],
+                "jitter '1.5'",
+            ),
+            (
+                &["--brokers", "a:1", "--retry-policy", "^orders"],
+                "REGEX=KEY=VALUE",
+            ),
+            (
+                &["--brokers", "a:1", "--retry-policy", "^orders=tries=3"],
+                "unknown key 'tries'",
+            ),
+            (
+                &[
+                    "--brokers",
+                    "a:1",
+                    "--retry-default",
+                    "dead-letter=delay.{target}",
+                ],
+                "does not give a usable topic",
+            ),
+            (
+                &["--brokers", "a:1", "--retry-topic", "retries"],
+                "--retry-topic 'retries' must match",
+            ),
             (&[], "--brokers"),
             (
                 &["--brokers", "a:1", "--embedded-kafka"],

@@ -94,7 +94,7 @@ fn set_default(c: &mut ClientConfig, config: &Config, key: &str, value: &str) {
     }
 }
 
-/// Makes sure the dead-letter topic exists: metadata first, then CreateTopics.
+/// Makes sure the dead-letter topic exists, creating it when missing.
 ///
 /// # Errors
 /// [`KafkaSetupError::DeadLetterTopic`] when it is missing and cannot be created.
@@ -102,29 +102,46 @@ pub async fn ensure_dead_letter_topic(
     config: &Config,
     producer: &FutureProducer,
 ) -> Result<(), KafkaSetupError> {
-    let topic = config.dead_letter_topic.clone();
-    if topic_exists(producer, &topic, &config.brokers).await? {
+    if topic_exists(producer, &config.dead_letter_topic, &config.brokers).await? {
+        return Ok(());
+    }
+    ensure_topic(
+        config,
+        producer,
+        &config.dead_letter_topic,
+        config.dead_letter_partitions,
+    )
+    .await
+    .map_err(|detail| KafkaSetupError::DeadLetterTopic {
+        topic: config.dead_letter_topic.clone(),
+        detail,
+    })
+}
+
+/// Makes sure `topic` exists: a metadata request, then CreateTopics, then (for clusters without
+/// CreateTopics, such as librdkafka's mock cluster) a metadata request that allows auto-creation,
+/// as a broker with `auto.create.topics.enable` does.
+///
+/// # Errors
+/// What failed, as a sentence.
+pub async fn ensure_topic(
+    config: &Config,
+    producer: &FutureProducer,
+    topic: &str,
+    partitions: i32,
+) -> Result<(), String> {
+    if topic_exists(producer, topic, &config.brokers)
+        .await
+        .map_err(|e| e.to_string())?
+    {
         return Ok(());
     }
     let admin: AdminClient<DefaultClientContext> =
-        base_config(config)
-            .create()
-            .map_err(|source| KafkaSetupError::Client {
-                client: "admin client",
-                source,
-            })?;
-    let new = NewTopic::new(
-        &topic,
-        config.dead_letter_partitions,
-        TopicReplication::Fixed(-1),
-    );
+        base_config(config).create().map_err(|e| e.to_string())?;
+    let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(-1));
     let opts = AdminOptions::new()
         .operation_timeout(Some(Duration::from_secs(10)))
         .request_timeout(Some(Duration::from_secs(5)));
-    let fail = |detail: String| KafkaSetupError::DeadLetterTopic {
-        topic: topic.clone(),
-        detail,
-    };
     let created = match admin.create_topics([&new], &opts).await {
         Ok(results) => match results.into_iter().next() {
             Some(Ok(_)) | Some(Err((_, RDKafkaErrorCode::TopicAlreadyExists))) => return Ok(()),
@@ -133,13 +150,14 @@ pub async fn ensure_dead_letter_topic(
         },
         Err(e) => e.to_string(),
     };
-    // Clusters without CreateTopics (librdkafka's mock cluster) create topics on a metadata
-    // request that allows it, as a broker with auto.create.topics.enable does.
-    auto_create_via_metadata(config, &topic).await;
-    if topic_exists(producer, &topic, &config.brokers).await? {
+    auto_create_via_metadata(config, topic).await;
+    if topic_exists(producer, topic, &config.brokers)
+        .await
+        .map_err(|e| e.to_string())?
+    {
         return Ok(());
     }
-    Err(fail(created))
+    Err(created)
 }
 
 /// Asks for `topic`'s metadata with automatic topic creation allowed.

@@ -7,6 +7,7 @@
 #![forbid(unsafe_code)]
 
 pub mod app;
+pub mod client;
 pub mod clock;
 pub mod config;
 pub mod http;
@@ -15,6 +16,7 @@ pub mod kafka;
 pub mod metrics;
 pub mod publish;
 pub mod record;
+pub mod retry;
 pub mod scheduler;
 pub mod store;
 pub mod wheel;

@@ -29,6 +29,10 @@ pub struct Metrics {
     pub dead_lettered: IntCounterVec,
     /// Failed produce attempts, by error kind.
     pub produce_errors: IntCounterVec,
+    /// Consumer retries scheduled, by target topic.
+    pub retries: IntCounterVec,
+    /// Consumer retries that used up their attempts, by target topic.
+    pub retries_exhausted: IntCounterVec,
     /// Wheel entries skipped at fire time because their record was cancelled or replaced.
     pub fire_skipped: IntCounter,
     /// Records pending in RocksDB.
@@ -113,6 +117,16 @@ impl Metrics {
                 "kafka_delay_fire_produce_errors_total",
                 "Failed produce attempts, by error kind.",
                 "kind",
+            )?,
+            retries: counter_vec(
+                "kafka_delay_retry_records_total",
+                "Consumer retries scheduled, by target topic.",
+                "target",
+            )?,
+            retries_exhausted: counter_vec(
+                "kafka_delay_retry_exhausted_total",
+                "Consumer retries that used up their attempts and went to the target's dead-letter topic.",
+                "target",
             )?,
             fire_skipped: reg(
                 registry,

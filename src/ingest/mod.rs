@@ -16,13 +16,14 @@
 
 mod context;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::producer::FutureProducer;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
@@ -30,7 +31,7 @@ pub use context::IngestContext;
 
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::kafka::{base_config, headers_from, KafkaSetupError};
+use crate::kafka::{base_config, ensure_topic, headers_from, KafkaSetupError};
 use crate::metrics::Metrics;
 use crate::publish::dead_letter::{DeadLetter, DeadLetters, Origin};
 use crate::record::{Command, Contract, Incoming};
@@ -115,6 +116,51 @@ pub struct Ingest {
     pub next_offsets: HashMap<Pid, i64>,
     /// False while RocksDB refuses writes.
     pub store_healthy: Arc<AtomicBool>,
+    /// Creates the targets' retry dead-letter topics on first use.
+    pub dead_letter_topics: TopicCreator,
+}
+
+/// Creates topics the broker writes to on first use (the retry dead-letter topics), once each.
+#[derive(Clone)]
+pub struct TopicCreator {
+    config: Arc<Config>,
+    producer: FutureProducer,
+    known: HashSet<String>,
+}
+
+impl std::fmt::Debug for TopicCreator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TopicCreator")
+            .field("known", &self.known.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TopicCreator {
+    /// Topics are created with `config.dead_letter_partitions` partitions.
+    pub fn new(config: Arc<Config>, producer: FutureProducer) -> Self {
+        Self {
+            config,
+            producer,
+            known: HashSet::new(),
+        }
+    }
+
+    /// Makes sure `topic` exists. When it cannot be created the record is still scheduled: the
+    /// fire path retries it and then dead-letters it to the broker's topic, so nothing is lost.
+    async fn ensure(&mut self, topic: &str) {
+        if self.known.contains(topic) {
+            return;
+        }
+        let partitions = self.config.dead_letter_partitions;
+        match ensure_topic(&self.config, &self.producer, topic, partitions).await {
+            Ok(()) => {
+                info!(%topic, "retry dead-letter topic ready");
+                self.known.insert(topic.to_owned());
+            }
+            Err(e) => warn!(%topic, error = %e, "cannot create a retry dead-letter topic"),
+        }
+    }
 }
 
 impl std::fmt::Debug for Ingest {
@@ -186,6 +232,32 @@ impl Ingest {
                     offset,
                     schedule,
                 }),
+                Ok(Command::Retry { schedule, attempt }) => {
+                    debug!(%topic, partition, offset, target = %schedule.target, attempt, "retry");
+                    self.metrics
+                        .retries
+                        .with_label_values(&[&schedule.target])
+                        .inc();
+                    ops.push(IngestOp::Schedule {
+                        pid,
+                        offset,
+                        schedule,
+                    });
+                }
+                Ok(Command::Exhausted { schedule, target }) => {
+                    debug!(%topic, partition, offset, %target, dead_letter = %schedule.target,
+                           "retries exhausted");
+                    self.metrics
+                        .retries_exhausted
+                        .with_label_values(&[&target])
+                        .inc();
+                    self.dead_letter_topics.ensure(&schedule.target).await;
+                    ops.push(IngestOp::Schedule {
+                        pid,
+                        offset,
+                        schedule,
+                    });
+                }
                 Ok(Command::Cancel { id }) => ops.push(IngestOp::Cancel { pid, offset, id }),
                 Err(reject) => {
                     debug!(%topic, partition, offset, reason = %reject.reason, detail = %reject.detail,

@@ -12,6 +12,8 @@ pub use reason::{Reason, Reject};
 
 use regex::Regex;
 
+use crate::retry::{self, Retries};
+
 /// Header names of the contract.
 pub mod names {
     /// Topic to publish to.
@@ -85,6 +87,20 @@ pub struct Incoming<'a> {
 pub enum Command {
     /// Publish `Schedule` at its due time (replacing any pending record with the same id).
     Schedule(Schedule),
+    /// A consumer's retry: publish back to the target at the due time, with the attempt count.
+    Retry {
+        /// The record to publish back (its headers carry `retry-attempt`).
+        schedule: Schedule,
+        /// This retry's number, 1 on the first.
+        attempt: u32,
+    },
+    /// A retry whose attempts are used up: publish at once to the target's dead-letter topic.
+    Exhausted {
+        /// The dead letter (its `target` is the dead-letter topic).
+        schedule: Schedule,
+        /// The target the consumer wanted the record back on.
+        target: String,
+    },
     /// Drop the pending record with this id, if any.
     Cancel {
         /// The identity given by `delay-id` (or the key, in compatibility mode).
@@ -122,6 +138,8 @@ pub struct Contract {
     pub max_delay_ms: u64,
     /// Largest key + value + headers accepted.
     pub max_record_bytes: usize,
+    /// Retry topics and backoff policies.
+    pub retry: Retries,
 }
 
 /// Longest legal Kafka topic name.
@@ -172,6 +190,11 @@ impl Contract {
             ));
         };
         self.check_target(target)?;
+        if self.retry.topics.is_match(rec.topic)
+            || control(rec.headers, retry::names::AFTER)?.is_some()
+        {
+            return self.interpret_retry(rec, target, id, now_ms);
+        }
         let due_ms = self.due_time(rec, now_ms)?;
         Ok(Command::Schedule(Schedule {
             id,
@@ -222,6 +245,157 @@ impl Contract {
             value: rec.value.map(<[u8]>::to_vec),
             headers: user_headers(rec.headers),
         }))
+    }
+
+    /// A consumer's retry: count the attempt, then schedule it back or dead-letter it.
+    fn interpret_retry(
+        &self,
+        rec: &Incoming<'_>,
+        target: &str,
+        id: Option<Vec<u8>>,
+        now_ms: u64,
+    ) -> Result<Command, Reject> {
+        use retry::names as rn;
+        let number = |name: &str| -> Result<Option<u64>, Reject> {
+            control(rec.headers, name)?
+                .map(|v| {
+                    time::parse_integer(v, name)
+                        .map_err(|e| Reject::new(Reason::InvalidRetryHeader, e.to_string()))
+                })
+                .transpose()
+        };
+        let bad = |detail: String| Reject::new(Reason::InvalidRetryHeader, detail);
+        let previous = match number(rn::ATTEMPT)? {
+            None => 0,
+            Some(n) if n <= u64::from(retry::MAX_ATTEMPTS_LIMIT) => n as u32,
+            Some(n) => {
+                return Err(bad(format!(
+                    "{} {n} is over {}",
+                    rn::ATTEMPT,
+                    retry::MAX_ATTEMPTS_LIMIT
+                )))
+            }
+        };
+        let first_failed = number(rn::FIRST_FAILED_AT)?;
+        if first_failed.is_some_and(|f| f < time::MIN_PLAUSIBLE_EPOCH_MS) {
+            return Err(bad(format!(
+                "{} must be epoch milliseconds; it is before 1973",
+                rn::FIRST_FAILED_AT
+            )));
+        }
+        let lowered = number(rn::MAX_ATTEMPTS)?;
+        let retry_after = control(rec.headers, rn::AFTER)?;
+        let base = rec.timestamp_ms.unwrap_or(now_ms);
+        let first_failed = first_failed.unwrap_or(base);
+        let policy = self.retry.policy_for(target);
+        let max = lowered.map_or(policy.max_attempts, |m| {
+            m.min(u64::from(policy.max_attempts)) as u32
+        });
+        let attempt = previous + 1;
+        let mut headers: Vec<Header> = user_headers(rec.headers)
+            .into_iter()
+            .filter(|h| !rn::MANAGED.contains(&h.key.as_str()))
+            .collect();
+        if attempt > max {
+            let dead_letter = policy.dead_letter_topic(target);
+            let detail = format!("{previous} retries of {max} used for target '{target}'");
+            if let Err(rej) = self.check_dead_letter_topic(&dead_letter) {
+                return Err(Reject::new(
+                    Reason::RetriesExhausted,
+                    format!(
+                        "{detail}; its dead-letter topic is not usable: {}",
+                        rej.detail
+                    ),
+                ));
+            }
+            headers.extend([
+                Header::new(names::TARGET, target),
+                Header::new(rn::ATTEMPT, previous.to_string()),
+                Header::new(rn::FIRST_FAILED_AT, first_failed.to_string()),
+                Header::new(names::ERROR, Reason::RetriesExhausted.code()),
+                Header::new(names::ERROR_DETAIL, detail),
+            ]);
+            return Ok(Command::Exhausted {
+                schedule: Schedule {
+                    id,
+                    due_ms: now_ms,
+                    target: dead_letter,
+                    key: rec.key.map(<[u8]>::to_vec),
+                    value: rec.value.map(<[u8]>::to_vec),
+                    headers,
+                },
+                target: target.to_owned(),
+            });
+        }
+        let explicit = control(rec.headers, names::UNTIL)?.is_some()
+            || control(rec.headers, names::AFTER)?.is_some();
+        let due_ms = match retry_after {
+            Some(_) if explicit => {
+                return Err(Reject::new(
+                    Reason::ConflictingDueTime,
+                    "retry-after together with delay-until or delay-after: give one",
+                ))
+            }
+            Some(text) => self.within_max_delay(
+                time::parse_retry_after(text, base)
+                    .map_err(|e| bad(format!("{}: {e}", rn::AFTER)))?,
+                now_ms,
+            )?,
+            None if explicit => self.due_time(rec, now_ms)?,
+            None => {
+                let seed = rec
+                    .key
+                    .unwrap_or_default()
+                    .iter()
+                    .fold(base ^ u64::from(attempt) << 48, |h, b| {
+                        (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3)
+                    });
+                let wait = policy.delay_for(attempt, retry::unit_interval(seed));
+                self.within_max_delay(base.saturating_add(wait), now_ms)?
+            }
+        };
+        headers.extend([
+            Header::new(rn::ATTEMPT, attempt.to_string()),
+            Header::new(rn::FIRST_FAILED_AT, first_failed.to_string()),
+        ]);
+        Ok(Command::Retry {
+            schedule: Schedule {
+                id,
+                due_ms,
+                target: target.to_owned(),
+                key: rec.key.map(<[u8]>::to_vec),
+                value: rec.value.map(<[u8]>::to_vec),
+                headers,
+            },
+            attempt,
+        })
+    }
+
+    /// Checks a dead-letter topic name: Kafka's rules, not internal, not looping; the
+    /// allow-list does not apply (dead-letter topics are the operator's choice).
+    ///
+    /// # Errors
+    /// A [`Reject`] naming the rule the name breaks.
+    pub fn check_dead_letter_topic(&self, topic: &str) -> Result<(), Reject> {
+        match self.check_target(topic) {
+            Err(rej) if rej.reason != Reason::TargetNotAllowed => Err(rej),
+            _ => Ok(()),
+        }
+    }
+
+    /// `due` when it is within the maximum delay of `now_ms`.
+    fn within_max_delay(&self, due: u64, now_ms: u64) -> Result<u64, Reject> {
+        if due > now_ms.saturating_add(self.max_delay_ms) {
+            return Err(Reject::new(
+                Reason::DueTooFar,
+                format!(
+                    "due time {due} is {} ms ahead, over the maximum delay of {} ms",
+                    due - now_ms,
+                    self.max_delay_ms
+                ),
+            ));
+        }
+        Ok(due)
     }
 
     /// Checks a target topic name against Kafka's rules and the broker's policy.
@@ -328,17 +502,7 @@ impl Contract {
                 ),
             ));
         };
-        if due > now_ms.saturating_add(self.max_delay_ms) {
-            return Err(Reject::new(
-                Reason::DueTooFar,
-                format!(
-                    "due time {due} is {} ms ahead, over the maximum delay of {} ms",
-                    due - now_ms,
-                    self.max_delay_ms
-                ),
-            ));
-        }
-        Ok(due)
+        self.within_max_delay(due, now_ms)
     }
 }
 

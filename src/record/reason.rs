@@ -39,11 +39,16 @@ pub enum Reason {
     TargetDenied,
     /// At fire time the record was refused for another permanent reason, after the attempts.
     DeliveryFailed,
+    /// A retry header (`retry-after`, `retry-attempt`, `retry-max-attempts`,
+    /// `retry-first-failed-at`) could not be parsed.
+    InvalidRetryHeader,
+    /// A retried record used up its attempts (written to the target's dead-letter topic).
+    RetriesExhausted,
 }
 
 impl Reason {
     /// Every reason, in a stable order.
-    pub const ALL: [Reason; 16] = [
+    pub const ALL: [Reason; 18] = [
         Reason::MissingTarget,
         Reason::InvalidTarget,
         Reason::TargetInternal,
@@ -60,6 +65,8 @@ impl Reason {
         Reason::TargetNotFound,
         Reason::TargetDenied,
         Reason::DeliveryFailed,
+        Reason::InvalidRetryHeader,
+        Reason::RetriesExhausted,
     ];
 
     /// The code written to the `delay-error` header and used as a metric label.
@@ -81,6 +88,8 @@ impl Reason {
             Reason::TargetNotFound => "target-not-found",
             Reason::TargetDenied => "target-denied",
             Reason::DeliveryFailed => "delivery-failed",
+            Reason::InvalidRetryHeader => "invalid-retry-header",
+            Reason::RetriesExhausted => "retries-exhausted",
         }
     }
 }

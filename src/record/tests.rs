@@ -10,6 +10,14 @@ fn contract() -> Contract {
         allow_internal_targets: false,
         max_delay_ms: 365 * 86_400_000,
         max_record_bytes: 1_000,
+        retry: crate::retry::Retries {
+            default: crate::retry::Policy::parse(
+                "delay=1s,factor=2,max-delay=1m,jitter=0,max-attempts=3",
+                &crate::retry::Policy::default(),
+            )
+            .unwrap(),
+            ..crate::retry::Retries::default()
+        },
     }
 }
 
@@ -342,6 +350,10 @@ fn header() -> impl Strategy<Value = Header> {
         Just("scheduler-epoch".to_owned()),
         Just("scheduler-target-topic".to_owned()),
         Just("scheduler-target-key".to_owned()),
+        Just("retry-after".to_owned()),
+        Just("retry-attempt".to_owned()),
+        Just("retry-max-attempts".to_owned()),
+        Just("retry-first-failed-at".to_owned()),
         "[a-z-]{1,12}",
     ];
     let values = prop::option::of(prop_oneof![
@@ -349,6 +361,8 @@ fn header() -> impl Strategy<Value = Header> {
         "[0-9]{0,22}".prop_map(String::into_bytes),
         "-?[0-9]{1,6}(ms|s|m|h|d)?".prop_map(String::into_bytes),
         "[a-z._-]{0,10}".prop_map(String::into_bytes),
+        "(Mon|Fri), [0-9]{1,2} Nov 20[0-9]{2} [0-9]{2}:[0-9]{2}:[0-9]{2} GMT"
+            .prop_map(String::into_bytes),
     ]);
     (names, values).prop_map(|(key, value)| Header { key, value })
 }
@@ -361,14 +375,210 @@ proptest! {
         headers in prop::collection::vec(header(), 0..6),
         key in prop::option::of(prop::collection::vec(any::<u8>(), 0..8)),
         value in prop::option::of(prop::collection::vec(any::<u8>(), 0..8)),
-        topic in prop_oneof![Just("delay.in".to_owned()), Just("delay.5s".to_owned()), "[a-z.0-9]{1,10}"],
+        topic in prop_oneof![Just("delay.in".to_owned()), Just("delay.5s".to_owned()), Just("delay.retry".to_owned()), "[a-z.0-9]{1,10}"],
     ) {
         let c = contract();
         let rec = Incoming { topic: &topic, timestamp_ms: Some(NOW), key: key.as_deref(), value: value.as_deref(), headers: &headers };
-        if let Ok(Command::Schedule(s)) = c.interpret(&rec, NOW) {
-            prop_assert!(s.due_ms <= NOW + c.max_delay_ms);
-            prop_assert!(c.check_target(&s.target).is_ok());
-            prop_assert!(s.headers.iter().all(|h| !is_reserved(&h.key)));
+        match c.interpret(&rec, NOW) {
+            Ok(Command::Schedule(s)) => {
+                prop_assert!(s.due_ms <= NOW + c.max_delay_ms);
+                prop_assert!(c.check_target(&s.target).is_ok());
+                prop_assert!(s.headers.iter().all(|h| !is_reserved(&h.key)));
+            }
+            Ok(Command::Retry { schedule: s, attempt }) => {
+                prop_assert!(s.due_ms <= NOW + c.max_delay_ms);
+                prop_assert!(c.check_target(&s.target).is_ok());
+                prop_assert!((1..=3).contains(&attempt));
+                prop_assert_eq!(s.headers.iter().filter(|h| h.key == "retry-attempt").count(), 1);
+                prop_assert!(s.headers.iter().all(|h| !is_reserved(&h.key) && h.key != "retry-after"));
+            }
+            Ok(Command::Exhausted { schedule: s, target }) => {
+                prop_assert_eq!(s.target, format!("{target}.dlt"));
+                prop_assert_eq!(s.due_ms, NOW);
+                prop_assert!(s.headers.iter().any(|h| h.key == "delay-error"));
+            }
+            Ok(Command::Cancel { .. }) | Err(_) => {}
         }
     }
+}
+
+fn retry(headers: &[Header]) -> Result<Command, Reject> {
+    let mut all = vec![h("delay-target", "orders")];
+    all.extend_from_slice(headers);
+    run("delay.retry", &all, Some(b"v"))
+}
+
+fn retried(r: Result<Command, Reject>) -> (Schedule, u32) {
+    match r {
+        Ok(Command::Retry { schedule, attempt }) => (schedule, attempt),
+        other => panic!("expected a retry, got {other:?}"),
+    }
+}
+
+fn value_of<'a>(s: &'a Schedule, name: &str) -> Vec<&'a str> {
+    s.headers
+        .iter()
+        .filter(|x| x.key == name)
+        .map(|x| std::str::from_utf8(x.value.as_deref().unwrap()).unwrap())
+        .collect()
+}
+
+const SENT: u64 = NOW - 1_000;
+
+#[test]
+fn a_first_retry_uses_the_backoff_and_starts_counting() {
+    let (s, attempt) = retried(retry(&[h("app", "x")]));
+    assert_eq!(attempt, 1);
+    assert_eq!(s.target, "orders");
+    assert_eq!(s.due_ms, SENT + 1_000);
+    assert_eq!(value_of(&s, "retry-attempt"), ["1"]);
+    assert_eq!(value_of(&s, "retry-first-failed-at"), [SENT.to_string()]);
+    assert_eq!(value_of(&s, "app"), ["x"]);
+    assert_eq!(s.value.as_deref(), Some(&b"v"[..]));
+    assert_eq!(s.key.as_deref(), Some(&b"k"[..]));
+}
+
+#[test]
+fn later_retries_count_up_and_back_off_exponentially() {
+    let first = "1763600000000";
+    for (previous, wait) in [(1, 2_000), (2, 4_000)] {
+        let (s, attempt) = retried(retry(&[
+            h("retry-attempt", &previous.to_string()),
+            h("retry-first-failed-at", first),
+            h("delay-origin-topic", "delay.retry"),
+        ]));
+        assert_eq!(attempt, previous + 1);
+        assert_eq!(s.due_ms, SENT + wait);
+        assert_eq!(value_of(&s, "retry-attempt"), [(previous + 1).to_string()]);
+        assert_eq!(value_of(&s, "retry-first-failed-at"), [first]);
+        assert!(value_of(&s, "delay-origin-topic").is_empty());
+    }
+}
+
+#[test]
+fn retry_after_overrides_the_backoff() {
+    let (s, _) = retried(retry(&[h("retry-after", "30")]));
+    assert_eq!(s.due_ms, SENT + 30_000);
+    let (s, _) = retried(retry(&[h("retry-after", "250ms")]));
+    assert_eq!(s.due_ms, SENT + 250);
+    let (s, _) = retried(retry(&[h("retry-after", "Fri, 21 Nov 2025 04:41:00 GMT")]));
+    assert_eq!(s.due_ms, 1_763_700_060_000);
+    assert!(value_of(&s, "retry-after").is_empty(), "not carried back");
+    // On any delay topic, retry-after makes the record a retry.
+    let (s, attempt) = retried(run(
+        "delay.in",
+        &[h("delay-target", "orders"), h("retry-after", "2")],
+        Some(b"v"),
+    ));
+    assert_eq!((attempt, s.due_ms), (1, SENT + 2_000));
+}
+
+#[test]
+fn exhausted_retries_go_to_the_targets_dead_letter_topic() {
+    let r = retry(&[
+        h("retry-attempt", "3"),
+        h("retry-first-failed-at", "1763600000000"),
+        h("retry-reason", "payment service down"),
+        h("retry-after", "5"),
+    ]);
+    let Ok(Command::Exhausted {
+        schedule: s,
+        target,
+    }) = r
+    else {
+        panic!("expected exhausted, got {r:?}");
+    };
+    assert_eq!(target, "orders");
+    assert_eq!(s.target, "orders.dlt");
+    assert_eq!(s.due_ms, NOW, "dead-lettered at once");
+    assert_eq!(value_of(&s, "delay-error"), ["retries-exhausted"]);
+    assert_eq!(value_of(&s, "delay-target"), ["orders"]);
+    assert_eq!(value_of(&s, "retry-attempt"), ["3"]);
+    assert_eq!(value_of(&s, "retry-first-failed-at"), ["1763600000000"]);
+    assert_eq!(value_of(&s, "retry-reason"), ["payment service down"]);
+    assert!(value_of(&s, "delay-error-detail")[0].contains("3 retries of 3"));
+}
+
+#[test]
+fn retry_max_attempts_lowers_the_limit_but_never_raises_it() {
+    let lowered = retry(&[h("retry-max-attempts", "1"), h("retry-attempt", "1")]);
+    assert!(
+        matches!(lowered, Ok(Command::Exhausted { .. })),
+        "{lowered:?}"
+    );
+    let (s, attempt) = retried(retry(&[h("retry-max-attempts", "1")]));
+    assert_eq!(attempt, 1);
+    assert_eq!(
+        value_of(&s, "retry-max-attempts"),
+        ["1"],
+        "kept for the next pass"
+    );
+    let raised = retry(&[h("retry-max-attempts", "50"), h("retry-attempt", "3")]);
+    assert!(
+        matches!(raised, Ok(Command::Exhausted { .. })),
+        "{raised:?}"
+    );
+    let none = retry(&[h("retry-max-attempts", "0")]);
+    assert!(matches!(none, Ok(Command::Exhausted { .. })), "{none:?}");
+}
+
+#[test]
+fn malformed_retry_headers_are_rejected_with_a_reason() {
+    for (headers, want) in [
+        (vec![h("retry-after", "soon")], Reason::InvalidRetryHeader),
+        (vec![h("retry-after", "-5")], Reason::InvalidRetryHeader),
+        (vec![h("retry-after", "1.5")], Reason::InvalidRetryHeader),
+        (vec![h("retry-attempt", "two")], Reason::InvalidRetryHeader),
+        (vec![h("retry-attempt", "-1")], Reason::InvalidRetryHeader),
+        (
+            vec![h("retry-attempt", "99999999999")],
+            Reason::InvalidRetryHeader,
+        ),
+        (
+            vec![h("retry-max-attempts", "1e3")],
+            Reason::InvalidRetryHeader,
+        ),
+        (
+            vec![h("retry-first-failed-at", "1763600000")],
+            Reason::InvalidRetryHeader,
+        ),
+        (
+            vec![h("retry-after", "5"), h("retry-after", "6")],
+            Reason::ConflictingHeaders,
+        ),
+        (
+            vec![h("retry-after", "5"), h("delay-after", "6s")],
+            Reason::ConflictingDueTime,
+        ),
+        (vec![h("retry-after", "400d")], Reason::DueTooFar),
+    ] {
+        assert_eq!(reason(retry(&headers)), want, "{headers:?}");
+    }
+    let no_target = run("delay.retry", &[h("retry-after", "5")], Some(b"v"));
+    assert_eq!(reason(no_target), Reason::MissingTarget);
+    let mut bad = vec![h("delay-target", "orders")];
+    bad.push(Header {
+        key: "retry-after".into(),
+        value: Some(vec![0xff]),
+    });
+    assert_eq!(
+        reason(run("delay.retry", &bad, Some(b"v"))),
+        Reason::InvalidHeader
+    );
+}
+
+#[test]
+fn an_unusable_retry_dead_letter_topic_is_a_reject() {
+    let mut c = contract();
+    c.retry.default.dead_letter = "delay.{target}".into();
+    let rec = Incoming {
+        topic: "delay.retry",
+        timestamp_ms: Some(SENT),
+        key: None,
+        value: Some(b"v"),
+        headers: &[h("delay-target", "orders"), h("retry-attempt", "3")],
+    };
+    let rej = c.interpret(&rec, NOW).unwrap_err();
+    assert_eq!(rej.reason, Reason::RetriesExhausted);
+    assert!(rej.detail.contains("would loop"), "{}", rej.detail);
 }

@@ -131,6 +131,39 @@ pub fn parse_epoch_ms_or_rfc3339(text: &str) -> Result<u64, TimeError> {
         .map_err(|_| err(format!("'{text}' is before the Unix epoch")))
 }
 
+/// Parses a `retry-after` value into a due time, with HTTP `Retry-After` semantics: an integer
+/// number of seconds after `base_ms`, or an HTTP-date (`Sun, 06 Nov 1994 08:49:37 GMT`); a
+/// duration with units (`500ms`, `30s`) after `base_ms` is also accepted.
+///
+/// # Errors
+/// Negative or fractional numbers, overflow, dates before the epoch, anything else.
+pub fn parse_retry_after(text: &str, base_ms: u64) -> Result<u64, TimeError> {
+    let overflow = || err(format!("'{text}' is out of range"));
+    let digits = text.strip_prefix('-').unwrap_or(text);
+    if !digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit()) {
+        let secs = parse_integer(text, "seconds")?;
+        return secs
+            .checked_mul(1_000)
+            .and_then(|ms| base_ms.checked_add(ms))
+            .ok_or_else(overflow);
+    }
+    if text.contains(',') || text.ends_with("GMT") {
+        let parsed = chrono::DateTime::parse_from_rfc2822(text).map_err(|e| {
+            err(format!(
+                "'{text}' is not an HTTP-date like 'Sun, 06 Nov 1994 08:49:37 GMT' ({e})"
+            ))
+        })?;
+        return u64::try_from(parsed.timestamp_millis())
+            .map_err(|_| err(format!("'{text}' is before the Unix epoch")));
+    }
+    let ms = parse_duration_ms(text).map_err(|e| {
+        err(format!(
+            "{e}; retry-after takes whole seconds, an HTTP-date or a duration like 500ms or 30s"
+        ))
+    })?;
+    base_ms.checked_add(ms).ok_or_else(overflow)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -207,6 +240,48 @@ mod tests {
             .unwrap_err()
             .0
             .contains("negative"));
+    }
+
+    #[test]
+    fn retry_after_has_http_semantics() {
+        let base = 1_763_700_000_000;
+        assert_eq!(parse_retry_after("0", base), Ok(base));
+        assert_eq!(parse_retry_after("120", base), Ok(base + 120_000));
+        assert_eq!(parse_retry_after("500ms", base), Ok(base + 500));
+        assert_eq!(parse_retry_after("1m30s", base), Ok(base + 90_000));
+        assert_eq!(
+            parse_retry_after("Fri, 21 Nov 2025 04:40:00 GMT", 0),
+            Ok(1_763_700_000_000)
+        );
+        assert!(parse_retry_after("-5", base)
+            .unwrap_err()
+            .0
+            .contains("negative"));
+        assert!(parse_retry_after("1.5", base).is_err());
+        assert!(parse_retry_after("soon", base)
+            .unwrap_err()
+            .0
+            .contains("HTTP-date"));
+        assert!(parse_retry_after("Fri, 32 Nov 2025 04:40:00 GMT", base)
+            .unwrap_err()
+            .0
+            .contains("HTTP-date"));
+        assert!(parse_retry_after("9223372036854775", u64::MAX - 5)
+            .unwrap_err()
+            .0
+            .contains("range"));
+        assert!(parse_retry_after("", base).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn retry_after_never_panics_and_never_goes_back(s in "\\PC{0,32}", base in 0u64..(1u64 << 62)) {
+            if let Ok(due) = parse_retry_after(&s, base) {
+                if !s.contains(',') && !s.ends_with("GMT") {
+                    prop_assert!(due >= base);
+                }
+            }
+        }
     }
 
     proptest! {

@@ -193,7 +193,7 @@ pub fn config(kafka: &Kafka, topics: &Topics, data: &TempDir, extra: &[&str]) ->
         "500ms",
         "--fire-max-attempts",
         "2",
-        "--retry-backoff-max",
+        "--fire-backoff-max",
         "1s",
         "--kafka-config",
         "session.timeout.ms=6000",
