@@ -265,7 +265,10 @@ mod tests {
         assert_eq!(s.target, "emails");
         assert_eq!(s.due_ms, NOW + 90_000);
         assert_eq!(s.id.as_deref(), Some(&b"r-1"[..]));
-        assert_eq!((s.key.unwrap(), s.value.unwrap()), (b"k".to_vec(), b"v".to_vec()));
+        assert_eq!(
+            (s.key.unwrap(), s.value.unwrap()),
+            (b"k".to_vec(), b"v".to_vec())
+        );
         assert_eq!(s.headers, vec![Header::new("trace", "abc")]);
         let at = DelayedRecord::new("delay.emails", "emails")
             .after(Duration::from_secs(1))
@@ -282,7 +285,12 @@ mod tests {
     #[test]
     fn cancel_is_an_id_with_a_null_value() {
         let c = DelayedRecord::cancel("delay.emails", "r-1", Some(b"k"));
-        assert_eq!(interpret(&c), Command::Cancel { id: b"r-1".to_vec() });
+        assert_eq!(
+            interpret(&c),
+            Command::Cancel {
+                id: b"r-1".to_vec()
+            }
+        );
         assert!(c.record().payload.is_none());
     }
 
@@ -300,7 +308,11 @@ mod tests {
         let r = DelayedRecord::retry(&msg, "delay.retry")
             .retry_after(Duration::from_millis(1_500))
             .reason("downstream 503");
-        let Command::Retry { schedule: s, attempt } = interpret(&r) else {
+        let Command::Retry {
+            schedule: s,
+            attempt,
+        } = interpret(&r)
+        else {
             panic!("not a retry")
         };
         assert_eq!(attempt, 3);
@@ -311,7 +323,12 @@ mod tests {
         let names: Vec<&str> = s.headers.iter().map(|h| h.key.as_str()).collect();
         assert_eq!(
             names,
-            ["trace", "retry-reason", "retry-attempt", "retry-first-failed-at"]
+            [
+                "trace",
+                "retry-reason",
+                "retry-attempt",
+                "retry-first-failed-at"
+            ]
         );
         assert_eq!(attempt_of_fresh(), 0);
     }

@@ -29,6 +29,8 @@ pub enum Command {
     Run(Box<RunArgs>),
     /// Run only an embedded Kafka-protocol cluster (librdkafka's mock cluster) until stopped.
     Sandbox(SandboxArgs),
+    /// Move dead-lettered records back to a topic, rate-limited, resetting their retry count.
+    Replay(crate::replay::ReplayArgs),
 }
 
 /// Flags of `kafka-delay sandbox`.
@@ -429,7 +431,7 @@ impl std::fmt::Debug for KafkaProp {
     }
 }
 
-fn parse_kafka_prop(item: &str) -> Result<KafkaProp, String> {
+pub(crate) fn parse_kafka_prop(item: &str) -> Result<KafkaProp, String> {
     let Some((k, v)) = item.split_once('=') else {
         return Err("expected KEY=VALUE (a librdkafka property)".into());
     };
@@ -453,7 +455,7 @@ mod tests {
         let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
         match cli.command {
             Command::Run(a) => a.validate().map_err(|e| e.0),
-            Command::Sandbox(_) => unreachable!("run was parsed"),
+            Command::Sandbox(_) | Command::Replay(_) => unreachable!("run was parsed"),
         }
     }
 

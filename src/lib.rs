@@ -16,6 +16,7 @@ pub mod kafka;
 pub mod metrics;
 pub mod publish;
 pub mod record;
+pub mod replay;
 pub mod retry;
 pub mod scheduler;
 pub mod store;

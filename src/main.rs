@@ -26,6 +26,24 @@ fn main() -> ExitCode {
             init_logging(config.log_json);
             exit(runtime().and_then(|rt| rt.block_on(run(config))))
         }
+        Command::Replay(args) => {
+            let replay = match args.validate() {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("kafka-delay: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            init_logging(false);
+            match runtime().and_then(|rt| rt.block_on(replay_cmd(replay))) {
+                Ok(s) if s.failed == 0 => ExitCode::SUCCESS,
+                Ok(_) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("kafka-delay: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
         Command::Sandbox(args) => {
             init_logging(false);
             exit(runtime().and_then(|rt| rt.block_on(sandbox(args.brokers))))
@@ -42,6 +60,37 @@ fn exit(result: anyhow::Result<()>) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Runs a replay with a progress line on stderr each second and the summary on stdout.
+async fn replay_cmd(
+    replay: kafka_delay::replay::Replay,
+) -> anyhow::Result<kafka_delay::replay::Summary> {
+    let started = std::time::Instant::now();
+    let verb = if replay.dry_run {
+        "would move"
+    } else {
+        "moved"
+    };
+    let summary = kafka_delay::replay::run(&replay, |s| {
+        eprintln!(
+            "replay {} -> {}: read {}/{}, {verb} {}, skipped {}, failed {}",
+            replay.from, replay.to, s.read, s.total, s.moved, s.skipped, s.failed
+        );
+    })
+    .await?;
+    println!(
+        "{}{verb} {}, skipped {}, failed {} (read {} of {} in '{}') in {:.1}s",
+        if replay.dry_run { "dry run: " } else { "" },
+        summary.moved,
+        summary.skipped,
+        summary.failed,
+        summary.read,
+        summary.total,
+        replay.from,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(summary)
 }
 
 fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {

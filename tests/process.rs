@@ -316,3 +316,83 @@ fn bad_flags_fail_at_start_with_a_message_saying_what_to_fix() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--source-pattern"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_command_shows_progress_and_a_summary_and_a_dry_run_moves_nothing() {
+    let (_kafka_proc, brokers) = spawn_announcing(&["sandbox"]);
+    let kafka = Kafka::External(brokers.clone());
+    let id = unique("r").replace('-', "_");
+    let (dlt, to) = (format!("out-{id}.dlt"), format!("out-{id}"));
+    let dlt_parts = kafka.create_topic(&dlt, 1).await;
+    let to_parts = kafka.create_topic(&to, 1).await;
+    let producer = kafka.producer();
+    for i in 0..3 {
+        let reason = if i == 2 {
+            "target-not-found"
+        } else {
+            "retries-exhausted"
+        };
+        let key = format!("k{i}");
+        produce(
+            &producer,
+            &dlt,
+            Some(&key),
+            Some("v"),
+            &[("delay-error", reason), ("retry-attempt", "5")],
+        )
+        .await;
+    }
+    let replay = |extra: &[&str]| {
+        let out = Command::new("timeout")
+            .args(["60", BIN, "replay", "--brokers", &brokers, "--from", &dlt])
+            .args(extra)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, out, err) = replay(&[
+        "--to",
+        &to,
+        "--dry-run",
+        "--filter",
+        "reason=retries-exhausted",
+    ]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(
+        out.contains("dry run: would move 2, skipped 1, failed 0 (read 3 of 3"),
+        "{out}"
+    );
+    assert!(
+        err.contains(&format!("replay {dlt} -> {to}: read 3/3")),
+        "{err}"
+    );
+    assert_eq!(
+        topic_size(&kafka, &to, to_parts),
+        0,
+        "a dry run moves nothing"
+    );
+
+    let (code, out, err) = replay(&["--to", &to, "--rate", "100/s"]);
+    assert_eq!(code, Some(0), "{out}{err}");
+    assert!(out.contains("moved 3, skipped 0, failed 0"), "{out}");
+    assert_eq!(topic_size(&kafka, &to, to_parts), 3);
+    assert_eq!(
+        topic_size(&kafka, &dlt, dlt_parts),
+        3,
+        "the dead letters stay"
+    );
+
+    let (code, _, err) = replay(&["--to", "no-such-topic-anywhere"]);
+    assert_eq!(code, Some(1));
+    assert!(
+        err.contains("'no-such-topic-anywhere' (--to) does not exist"),
+        "{err}"
+    );
+    let (code, _, err) = replay(&["--to", &to, "--rate", "fast"]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--rate 'fast'"), "{err}");
+}

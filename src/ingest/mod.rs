@@ -68,6 +68,9 @@ pub fn consumer(
         // the cluster does not honour static membership; the minimum Kafka brokers allow.
         ("session.timeout.ms", "6000"),
         ("isolation.level", "read_committed"),
+        // Kafka answers a fetch as soon as data arrives; brokers that hold a fetch for its
+        // whole wait (librdkafka's mock cluster) would add up to this much to ingest latency.
+        ("fetch.wait.max.ms", "100"),
     ];
     for (k, v) in defaults {
         if !config.kafka_config.iter().any(|p| p.key == k) {

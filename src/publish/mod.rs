@@ -358,8 +358,13 @@ impl Publisher {
         attempts: u32,
     ) -> bool {
         let (topic, partition) = self.store.partition_of(id.pid()).unwrap_or_default();
+        // A retry dead letter that could not reach its own topic keeps the target it was
+        // retried for, and gets this failure's reason instead of its own.
         let mut headers = record.headers.clone();
-        headers.push(Header::new(names::TARGET, record.target.as_str()));
+        headers.retain(|h| h.key != names::ERROR && h.key != names::ERROR_DETAIL);
+        if !headers.iter().any(|h| h.key == names::TARGET) {
+            headers.push(Header::new(names::TARGET, record.target.as_str()));
+        }
         headers.push(Header::new(names::DUE_MS, record.due_ms.to_string()));
         let dl = DeadLetter {
             key: record.key.clone(),

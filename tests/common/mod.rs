@@ -205,7 +205,7 @@ pub fn config(kafka: &Kafka, topics: &Topics, data: &TempDir, extra: &[&str]) ->
     args.extend_from_slice(extra);
     match Cli::try_parse_from(args).expect("flags").command {
         Command::Run(a) => a.validate().expect("valid config"),
-        Command::Sandbox(_) => unreachable!(),
+        Command::Sandbox(_) | Command::Replay(_) => unreachable!(),
     }
 }
 
@@ -279,6 +279,7 @@ pub fn reader(kafka: &Kafka, topic: &str, partitions: i32) -> StreamConsumer {
     let c: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", kafka.brokers())
         .set("group.id", unique("reader"))
+        .set("fetch.wait.max.ms", "50")
         .set("enable.auto.commit", "false")
         .set("allow.auto.create.topics", "false")
         .create()
@@ -416,8 +417,12 @@ pub struct Env {
 
 impl Env {
     pub async fn start(target_partitions: i32, extra: &[&str]) -> Env {
+        Env::start_with(Topics::new(), target_partitions, extra).await
+    }
+
+    /// [`Env::start`] with topics chosen before (for flags that name them).
+    pub async fn start_with(t: Topics, target_partitions: i32, extra: &[&str]) -> Env {
         let kafka = Kafka::start();
-        let t = Topics::new();
         kafka.create_topic(&t.delay, 1).await;
         kafka.create_topic(&t.target, target_partitions).await;
         kafka.create_topic(&t.dlt, 1).await;
@@ -433,6 +438,53 @@ impl Env {
             broker,
         }
     }
+}
+
+/// Waits until `topic` exists (without creating it) and returns its partition count.
+pub async fn wait_for_topic(kafka: &Kafka, topic: &str, timeout: Duration) -> i32 {
+    let client: rdkafka::producer::BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.brokers())
+        .set("allow.auto.create.topics", "false")
+        .create()
+        .expect("client");
+    let deadline = Instant::now() + timeout;
+    loop {
+        let n = client
+            .client()
+            .fetch_metadata(Some(topic), Duration::from_secs(5))
+            .ok()
+            .and_then(|md| {
+                md.topics()
+                    .iter()
+                    .find(|t| t.name() == topic && t.error().is_none())
+                    .map(|t| t.partitions().len())
+            })
+            .unwrap_or(0);
+        if n > 0 {
+            return n as i32;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "topic {topic} not created within {timeout:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Records in `topic` (sum of high watermarks less low ones).
+pub fn topic_size(kafka: &Kafka, topic: &str, partitions: i32) -> i64 {
+    let c: rdkafka::consumer::BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.brokers())
+        .create()
+        .expect("consumer");
+    (0..partitions)
+        .map(|p| {
+            let (lo, hi) = c
+                .fetch_watermarks(topic, p, Duration::from_secs(5))
+                .expect("watermarks");
+            hi - lo
+        })
+        .sum()
 }
 
 /// GET on the broker's HTTP server; returns (status, body).

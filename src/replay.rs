@@ -1,0 +1,526 @@
+//! `kafka-delay replay`: moves dead-lettered records back to a topic, rate-limited, resetting
+//! their retry count.
+//!
+//! It reads the dead-letter topic from its first to its last offset as they were when the
+//! replay started (records arriving meanwhile wait for the next replay), keeps the records that
+//! match every `--filter`, and produces them to `--to` with their key, value and headers, minus
+//! what the dead-lettering added (`delay-error`, `delay-error-detail`, origin and fire-time
+//! provenance) and minus the retry count (`retry-attempt`, `retry-first-failed-at`,
+//! `retry-after`), plus `delay-replayed-from: <topic>/<partition>/<offset>`. Control headers
+//! such as `delay-target` and `delay-until` stay, so records rejected at ingest can be replayed
+//! into a delay topic once the cause is fixed. No consumer group is used and no offset is
+//! committed: running it twice moves the records twice.
+
+use std::collections::{HashMap, VecDeque};
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+
+use crate::config::{parse_kafka_prop, ConfigError, KafkaProp};
+use crate::kafka::{headers_from, headers_to};
+use crate::record::{names, Header};
+use crate::retry::names as retry;
+
+/// Flags of `kafka-delay replay`.
+#[derive(Debug, Args, Clone)]
+pub struct ReplayArgs {
+    /// Kafka bootstrap servers, HOST:PORT[,HOST:PORT...].
+    #[arg(long, env = "KAFKA_DELAY_BROKERS")]
+    pub brokers: String,
+    /// Dead-letter topic to read.
+    #[arg(long)]
+    pub from: String,
+    /// Topic to move the records to (a target topic, or a delay topic such as delay.retry).
+    #[arg(long)]
+    pub to: String,
+    /// Most records per second (N, N/s or N/m). Default: as fast as the cluster takes them.
+    #[arg(long)]
+    pub rate: Option<String>,
+    /// Move only matching records (repeatable, all must match): reason=CODE, target=TOPIC,
+    /// key=TEXT, header:NAME=VALUE.
+    #[arg(long)]
+    pub filter: Vec<String>,
+    /// Count what would be moved; produce nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// librdkafka property for both clients, KEY=VALUE (repeatable): SASL, TLS.
+    #[arg(long = "kafka-config", env = "KAFKA_DELAY_KAFKA_CONFIG", value_delimiter = ';',
+          value_parser = parse_kafka_prop)]
+    pub kafka_config: Vec<KafkaProp>,
+}
+
+/// Which records to move.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Filter {
+    /// `delay-error` equals the code.
+    Reason(String),
+    /// `delay-target` equals the topic.
+    Target(String),
+    /// The key equals the text.
+    Key(String),
+    /// A header with this name has this value.
+    Header(String, String),
+}
+
+impl Filter {
+    /// Parses `reason=CODE`, `target=TOPIC`, `key=TEXT` or `header:NAME=VALUE`.
+    ///
+    /// # Errors
+    /// A sentence giving the accepted forms.
+    pub fn parse(text: &str) -> Result<Filter, String> {
+        let bad = || {
+            format!(
+                "--filter '{text}': use reason=CODE, target=TOPIC, key=TEXT or header:NAME=VALUE"
+            )
+        };
+        let (what, value) = text.split_once('=').ok_or_else(bad)?;
+        Ok(match what {
+            "reason" => Filter::Reason(value.to_owned()),
+            "target" => Filter::Target(value.to_owned()),
+            "key" => Filter::Key(value.to_owned()),
+            _ => match what.strip_prefix("header:") {
+                Some(name) if !name.is_empty() => Filter::Header(name.to_owned(), value.to_owned()),
+                _ => return Err(bad()),
+            },
+        })
+    }
+
+    fn matches(&self, key: Option<&[u8]>, headers: &[Header]) -> bool {
+        let has = |name: &str, value: &str| {
+            headers
+                .iter()
+                .any(|h| h.key == name && h.value.as_deref() == Some(value.as_bytes()))
+        };
+        match self {
+            Filter::Reason(code) => has(names::ERROR, code),
+            Filter::Target(topic) => has(names::TARGET, topic),
+            Filter::Key(k) => key == Some(k.as_bytes()),
+            Filter::Header(name, value) => has(name, value),
+        }
+    }
+}
+
+/// A validated replay.
+#[derive(Debug, Clone)]
+pub struct Replay {
+    /// Bootstrap servers.
+    pub brokers: String,
+    /// Dead-letter topic.
+    pub from: String,
+    /// Destination topic.
+    pub to: String,
+    /// Records per second, if limited.
+    pub rate: Option<f64>,
+    /// All must match.
+    pub filters: Vec<Filter>,
+    /// Produce nothing.
+    pub dry_run: bool,
+    /// Extra librdkafka properties.
+    pub kafka_config: Vec<KafkaProp>,
+}
+
+impl ReplayArgs {
+    /// Checks the flags.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] naming the flag and what to change.
+    pub fn validate(&self) -> Result<Replay, ConfigError> {
+        let fail = |m: String| Err(ConfigError(m));
+        if self.brokers.trim().is_empty() {
+            return fail("--brokers is empty: give HOST:PORT[,HOST:PORT...]".into());
+        }
+        if self.from.is_empty() || self.to.is_empty() {
+            return fail("--from and --to must name topics".into());
+        }
+        if self.from == self.to {
+            return fail(format!(
+                "--from and --to are both '{}': replay moves records to another topic",
+                self.from
+            ));
+        }
+        let rate = match &self.rate {
+            None => None,
+            Some(r) => Some(parse_rate(r).map_err(ConfigError)?),
+        };
+        let filters = self
+            .filter
+            .iter()
+            .map(|f| Filter::parse(f))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(ConfigError)?;
+        Ok(Replay {
+            brokers: self.brokers.clone(),
+            from: self.from.clone(),
+            to: self.to.clone(),
+            rate,
+            filters,
+            dry_run: self.dry_run,
+            kafka_config: self.kafka_config.clone(),
+        })
+    }
+}
+
+/// Parses `N`, `N/s` or `N/m` into records per second.
+///
+/// # Errors
+/// A sentence giving the accepted forms.
+pub fn parse_rate(text: &str) -> Result<f64, String> {
+    let (n, per) = match text.split_once('/') {
+        None => (text, 1.0),
+        Some((n, "s")) => (n, 1.0),
+        Some((n, "m")) => (n, 60.0),
+        Some(_) => return Err(format!("--rate '{text}': use N, N/s or N/m")),
+    };
+    match n.trim().parse::<f64>() {
+        Ok(v) if v.is_finite() && v > 0.0 => Ok(v / per),
+        _ => Err(format!(
+            "--rate '{text}': a positive number of records, N, N/s or N/m"
+        )),
+    }
+}
+
+/// Counts, updated while the replay runs.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Summary {
+    /// Records in the dead-letter topic when the replay started.
+    pub total: u64,
+    /// Records read so far.
+    pub read: u64,
+    /// Records moved (acknowledged by the cluster), or that would be in a dry run.
+    pub moved: u64,
+    /// Records that did not match the filters.
+    pub skipped: u64,
+    /// Records the cluster refused.
+    pub failed: u64,
+}
+
+/// Why a replay could not run.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ReplayError(pub String);
+
+/// How long without a record, while some are still expected, before giving up.
+const STALL: Duration = Duration::from_secs(30);
+/// Most records produced and not yet acknowledged.
+const WINDOW: usize = 1_000;
+
+/// Runs the replay, calling `progress` about once a second, and returns the final counts.
+///
+/// # Errors
+/// A [`ReplayError`] when a topic is missing or the cluster stops answering.
+pub async fn run(
+    opts: &Replay,
+    mut progress: impl FnMut(&Summary),
+) -> Result<Summary, ReplayError> {
+    let fail = |m: String| ReplayError(m);
+    let mut base = ClientConfig::new();
+    base.set("bootstrap.servers", &opts.brokers)
+        .set("client.id", "kafka-delay-replay");
+    for p in &opts.kafka_config {
+        base.set(&p.key, &p.value);
+    }
+    let consumer: StreamConsumer = base
+        .clone()
+        .set("group.id", "kafka-delay-replay")
+        .set("enable.auto.commit", "false")
+        .set("enable.auto.offset.store", "false")
+        .set("allow.auto.create.topics", "false")
+        .create()
+        .map_err(|e| {
+            fail(format!(
+                "cannot create the consumer: {e} (check --kafka-config)"
+            ))
+        })?;
+    let producer: FutureProducer = base
+        .clone()
+        .set("enable.idempotence", "true")
+        .set("partitioner", "murmur2_random")
+        .set("allow.auto.create.topics", "false")
+        .set("linger.ms", "5")
+        .create()
+        .map_err(|e| {
+            fail(format!(
+                "cannot create the producer: {e} (check --kafka-config)"
+            ))
+        })?;
+
+    let partitions = partitions_of(&consumer, &opts.from)?;
+    if partitions.is_empty() {
+        return Err(fail(format!(
+            "topic '{}' (--from) does not exist",
+            opts.from
+        )));
+    }
+    if partitions_of(&consumer, &opts.to)?.is_empty() {
+        return Err(fail(format!(
+            "topic '{}' (--to) does not exist; create it first",
+            opts.to
+        )));
+    }
+    let mut end: HashMap<i32, i64> = HashMap::new();
+    let mut tpl = TopicPartitionList::new();
+    let mut summary = Summary::default();
+    for p in partitions {
+        let (low, high) = consumer
+            .fetch_watermarks(&opts.from, p, Duration::from_secs(10))
+            .map_err(|e| fail(format!("cannot read the offsets of '{}': {e}", opts.from)))?;
+        if high > low {
+            summary.total += (high - low) as u64;
+            end.insert(p, high);
+            tpl.add_partition_offset(&opts.from, p, Offset::Offset(low))
+                .map_err(|e| fail(e.to_string()))?;
+        }
+    }
+    if end.is_empty() {
+        progress(&summary);
+        return Ok(summary);
+    }
+    consumer
+        .assign(&tpl)
+        .map_err(|e| fail(format!("cannot read '{}': {e}", opts.from)))?;
+
+    let started = Instant::now();
+    let mut last_report = Instant::now();
+    let mut sent: u64 = 0;
+    let mut in_flight: VecDeque<DeliveryFuture> = VecDeque::new();
+    while !end.is_empty() {
+        let msg = match tokio::time::timeout(STALL, consumer.recv()).await {
+            Ok(Ok(m)) => m.detach(),
+            Ok(Err(e)) => return Err(fail(format!("reading '{}': {e}", opts.from))),
+            Err(_) => {
+                return Err(fail(format!(
+                    "no record from '{}' for {}s with {} still to read",
+                    opts.from,
+                    STALL.as_secs(),
+                    summary.total - summary.read
+                )))
+            }
+        };
+        let (p, offset) = (msg.partition(), msg.offset());
+        let Some(&high) = end.get(&p) else { continue };
+        if offset >= high {
+            end.remove(&p);
+            continue;
+        }
+        if offset + 1 >= high {
+            end.remove(&p);
+        }
+        summary.read += 1;
+        let headers = headers_from(msg.headers());
+        if !opts.filters.iter().all(|f| f.matches(msg.key(), &headers)) {
+            summary.skipped += 1;
+        } else if opts.dry_run {
+            summary.moved += 1;
+        } else {
+            if let Some(rate) = opts.rate {
+                let at = started + Duration::from_secs_f64(sent as f64 / rate);
+                tokio::time::sleep_until(at.into()).await;
+            }
+            in_flight.push_back(send(&producer, opts, &msg, headers)?);
+            sent += 1;
+            while in_flight.len() >= WINDOW {
+                settle(in_flight.pop_front(), &mut summary).await;
+            }
+            while in_flight.front().is_some_and(|_| opts.rate.is_some()) {
+                // Rate-limited replays are slow anyway: count each as it is acknowledged.
+                settle(in_flight.pop_front(), &mut summary).await;
+            }
+        }
+        if last_report.elapsed() >= Duration::from_secs(1) {
+            progress(&summary);
+            last_report = Instant::now();
+        }
+    }
+    while let Some(f) = in_flight.pop_front() {
+        settle(Some(f), &mut summary).await;
+    }
+    progress(&summary);
+    Ok(summary)
+}
+
+fn partitions_of(consumer: &StreamConsumer, topic: &str) -> Result<Vec<i32>, ReplayError> {
+    let md = consumer
+        .fetch_metadata(Some(topic), Duration::from_secs(10))
+        .map_err(|e| ReplayError(format!("Kafka did not answer a metadata request: {e}")))?;
+    Ok(md
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic && t.error().is_none())
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect())
+}
+
+/// The headers a replayed record carries.
+fn replayed_headers(msg: &OwnedMessage, mut headers: Vec<Header>) -> Vec<Header> {
+    const DROPPED: [&str; 10] = [
+        names::ERROR,
+        names::ERROR_DETAIL,
+        names::ORIGIN_TOPIC,
+        names::ORIGIN_PARTITION,
+        names::ORIGIN_OFFSET,
+        names::DUE_MS,
+        names::FIRED_MS,
+        retry::ATTEMPT,
+        retry::FIRST_FAILED_AT,
+        retry::AFTER,
+    ];
+    headers.retain(|h| !DROPPED.contains(&h.key.as_str()) && h.key != REPLAYED_FROM);
+    headers.push(Header::new(
+        REPLAYED_FROM,
+        format!("{}/{}/{}", msg.topic(), msg.partition(), msg.offset()),
+    ));
+    headers
+}
+
+/// Header naming where a replayed record was read from.
+pub const REPLAYED_FROM: &str = "delay-replayed-from";
+
+fn send(
+    producer: &FutureProducer,
+    opts: &Replay,
+    msg: &OwnedMessage,
+    headers: Vec<Header>,
+) -> Result<DeliveryFuture, ReplayError> {
+    let headers = headers_to(&replayed_headers(msg, headers));
+    let mut rec = FutureRecord::<[u8], [u8]>::to(&opts.to).headers(headers);
+    if let Some(k) = msg.key() {
+        rec = rec.key(k);
+    }
+    if let Some(v) = msg.payload() {
+        rec = rec.payload(v);
+    }
+    producer
+        .send_result(rec)
+        .map_err(|(e, _)| ReplayError(format!("cannot queue a record for '{}': {e}", opts.to)))
+}
+
+async fn settle(delivery: Option<DeliveryFuture>, summary: &mut Summary) {
+    let Some(delivery) = delivery else { return };
+    match delivery.await {
+        Ok(Ok(_)) => summary.moved += 1,
+        _ => summary.failed += 1,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdkafka::message::{Header as KHeader, OwnedHeaders, Timestamp};
+
+    #[test]
+    fn rates_and_filters_parse_or_say_how() {
+        assert_eq!(parse_rate("50"), Ok(50.0));
+        assert_eq!(parse_rate("50/s"), Ok(50.0));
+        assert_eq!(parse_rate("120/m"), Ok(2.0));
+        for bad in ["0", "-1", "fast", "5/h", "NaN/s", ""] {
+            assert!(parse_rate(bad).is_err(), "{bad}");
+        }
+        assert_eq!(
+            Filter::parse("reason=retries-exhausted"),
+            Ok(Filter::Reason("retries-exhausted".into()))
+        );
+        assert_eq!(
+            Filter::parse("header:tenant=a=b"),
+            Ok(Filter::Header("tenant".into(), "a=b".into()))
+        );
+        for bad in ["reason", "colour=red", "header:=x"] {
+            assert!(
+                Filter::parse(bad).unwrap_err().contains("reason=CODE"),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn filters_all_have_to_match() {
+        let headers = vec![
+            Header::new("delay-error", "retries-exhausted"),
+            Header::new("delay-target", "orders"),
+            Header::new("tenant", "a"),
+        ];
+        let all = |fs: &[&str]| {
+            fs.iter()
+                .map(|f| Filter::parse(f).unwrap())
+                .all(|f| f.matches(Some(b"k1"), &headers))
+        };
+        assert!(all(&[
+            "reason=retries-exhausted",
+            "target=orders",
+            "key=k1",
+            "header:tenant=a"
+        ]));
+        assert!(!all(&["reason=retries-exhausted", "target=payments"]));
+        assert!(!all(&["key=k2"]));
+        assert!(!all(&["header:tenant=b"]));
+        assert!(all(&[]));
+    }
+
+    #[test]
+    fn replay_resets_the_count_and_drops_what_dead_lettering_added() {
+        let mut h = OwnedHeaders::new();
+        for (k, v) in [("delay-error", "retries-exhausted"), ("trace", "t")] {
+            h = h.insert(KHeader {
+                key: k,
+                value: Some(v),
+            });
+        }
+        let msg = OwnedMessage::new(
+            None,
+            None,
+            "orders.dlt".into(),
+            Timestamp::NotAvailable,
+            2,
+            9,
+            Some(h),
+        );
+        let headers = vec![
+            Header::new("delay-error", "retries-exhausted"),
+            Header::new("delay-error-detail", "5 retries of 5"),
+            Header::new("delay-target", "orders"),
+            Header::new("delay-origin-offset", "4"),
+            Header::new("retry-attempt", "5"),
+            Header::new("retry-first-failed-at", "1763600000000"),
+            Header::new("retry-reason", "503"),
+            Header::new("trace", "t"),
+        ];
+        let out = replayed_headers(&msg, headers);
+        let names: Vec<&str> = out.iter().map(|h| h.key.as_str()).collect();
+        assert_eq!(
+            names,
+            ["delay-target", "retry-reason", "trace", REPLAYED_FROM]
+        );
+        assert_eq!(out[3].value.as_deref(), Some(&b"orders.dlt/2/9"[..]));
+    }
+
+    #[test]
+    fn bad_flags_say_what_to_fix() {
+        let args = |from: &str, to: &str, rate: Option<&str>| ReplayArgs {
+            brokers: "a:1".into(),
+            from: from.into(),
+            to: to.into(),
+            rate: rate.map(str::to_owned),
+            filter: vec![],
+            dry_run: false,
+            kafka_config: vec![],
+        };
+        assert!(args("x.dlt", "x.dlt", None)
+            .validate()
+            .unwrap_err()
+            .0
+            .contains("both 'x.dlt'"));
+        assert!(args("x.dlt", "x", Some("fast"))
+            .validate()
+            .unwrap_err()
+            .0
+            .contains("--rate"));
+        assert_eq!(
+            args("x.dlt", "x", Some("10/s")).validate().unwrap().rate,
+            Some(10.0)
+        );
+    }
+}
