@@ -120,9 +120,10 @@ pub struct RunArgs {
         default_value = r"^delay\.retry$"
     )]
     pub retry_topics: String,
-    /// Retry topic created at start when it does not exist (empty: none).
-    #[arg(long, env = "KAFKA_DELAY_RETRY_TOPIC", default_value = "delay.retry")]
-    pub retry_topic: String,
+    /// Retry topic created at start when it does not exist; must match --source-pattern and
+    /// --retry-topics. Default: delay.retry when it matches both; "" creates none.
+    #[arg(long, env = "KAFKA_DELAY_RETRY_TOPIC")]
+    pub retry_topic: Option<String>,
     /// Default retry policy, KEY=VALUE,...: backoff (fixed|exponential), delay, factor,
     /// max-delay, jitter, max-attempts, dead-letter ({target} is replaced by the target).
     #[arg(long, env = "KAFKA_DELAY_RETRY_DEFAULT", default_value = retry::DEFAULT_SPEC)]
@@ -188,6 +189,9 @@ pub struct Config {
     /// JSON logs.
     pub log_json: bool,
 }
+
+/// The retry topic created at start when --retry-topic is not given (and the patterns match it).
+pub const DEFAULT_RETRY_TOPIC: &str = "delay.retry";
 
 /// A flag or variable that cannot be used; the message says what to fix.
 #[derive(Debug, thiserror::Error)]
@@ -274,17 +278,18 @@ impl RunArgs {
         if self.max_record_bytes < 1 {
             return fail("--max-record-bytes must be at least 1".into());
         }
-        let retry_topic = match self.retry_topic.as_str() {
-            "" => None,
-            t => {
-                if !contract.source_pattern.is_match(t) || !contract.retry.topics.is_match(t) {
-                    return fail(format!(
-                        "--retry-topic '{t}' must match both --source-pattern '{}' and --retry-topics '{}'",
-                        contract.source_pattern, contract.retry.topics
-                    ));
-                }
-                Some(t.to_owned())
-            }
+        let matches =
+            |t: &str| contract.source_pattern.is_match(t) && contract.retry.topics.is_match(t);
+        let retry_topic = match self.retry_topic.as_deref() {
+            None => Some(DEFAULT_RETRY_TOPIC)
+                .filter(|t| matches(t))
+                .map(str::to_owned),
+            Some("") => None,
+            Some(t) if matches(t) => Some(t.to_owned()),
+            Some(t) => return fail(format!(
+                "--retry-topic '{t}' must match both --source-pattern '{}' and --retry-topics '{}'",
+                contract.source_pattern, contract.retry.topics
+            )),
         };
         for (pattern, policy) in std::iter::once((None, &contract.retry.default))
             .chain(contract.retry.by_target.iter().map(|(r, p)| (Some(r), p)))
@@ -501,6 +506,11 @@ mod tests {
         let c = parse(&["--brokers", "a:1", "--no-static-membership"]).unwrap();
         assert_eq!(c.instance_id, None);
         assert!(!c.sync);
+        // A custom source pattern the default retry topic does not match: no retry topic.
+        let c = parse(&["--brokers", "a:1", "--source-pattern", r"^later\..+"]).unwrap();
+        assert_eq!(c.retry_topic, None);
+        let c = parse(&["--brokers", "a:1", "--retry-topic", ""]).unwrap();
+        assert_eq!(c.retry_topic, None);
     }
 
     #[test]

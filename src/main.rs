@@ -137,6 +137,9 @@ async fn stop_signal() -> anyhow::Result<()> {
 fn start_embedded(config: &mut Config) -> anyhow::Result<Embedded> {
     let embedded = Embedded::start(1)?;
     embedded.create_topic(&config.dead_letter_topic, config.dead_letter_partitions)?;
+    if let Some(retry) = &config.retry_topic {
+        embedded.create_topic(retry, config.dead_letter_partitions)?;
+    }
     config.brokers = embedded.bootstrap_servers();
     Ok(embedded)
 }

@@ -12,25 +12,12 @@ use kafka_delay::replay::{self, Filter, Replay};
 use rdkafka::producer::FutureProducer;
 use rdkafka::Message;
 
-/// The test's retry topic and the flags that make it one.
-fn retry_setup(t: &Topics, policy: &str) -> (String, Vec<String>) {
-    let topic = t.delay_topic("retry");
-    let flags = vec![
-        "--retry-topics".to_owned(),
-        format!(r"^delay\.{}\.retry$", t.id),
-        "--retry-topic".to_owned(),
-        topic.clone(),
-        "--retry-default".to_owned(),
-        policy.to_owned(),
-    ];
-    (topic, flags)
-}
-
+/// Starts a broker whose default retry policy is `policy`; returns it with its retry topic
+/// (`delay.<id>.retry`, set up by the common test config).
 async fn start(policy: &str) -> (Env, String) {
-    let t = Topics::new();
-    let (topic, flags) = retry_setup(&t, policy);
-    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
-    (Env::start_with(t, 1, &flags).await, topic)
+    let env = Env::start(1, &["--retry-default", policy]).await;
+    let topic = env.t.delay_topic("retry");
+    (env, topic)
 }
 
 /// Sends `rec` with its timestamp set to now; returns that timestamp.

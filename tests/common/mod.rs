@@ -170,6 +170,8 @@ pub fn config(kafka: &Kafka, topics: &Topics, data: &TempDir, extra: &[&str]) ->
     let brokers = kafka.brokers();
     let data_dir = data.path().to_str().unwrap().to_owned();
     let group = format!("g-{}", topics.id);
+    let retry_topic = topics.delay_topic("retry");
+    let retry_topics = format!(r"^delay\.{}\.retry$", topics.id);
     let instance = format!("i-{}", topics.id);
     // Extra flags for a particular external broker, e.g. KAFKA_DELAY_TEST_FLAGS=--no-static-membership
     let env_flags = std::env::var("KAFKA_DELAY_TEST_FLAGS").unwrap_or_default();
@@ -191,6 +193,10 @@ pub fn config(kafka: &Kafka, topics: &Topics, data: &TempDir, extra: &[&str]) ->
         &topics.dlt,
         "--topic-refresh",
         "500ms",
+        "--retry-topic",
+        &retry_topic,
+        "--retry-topics",
+        &retry_topics,
         "--fire-max-attempts",
         "2",
         "--fire-backoff-max",
