@@ -25,4 +25,4 @@ echo "end-to-end tests against tansu at 127.0.0.1:$port (log: $log)"
 # tansu 0.6.0 mishandles static group membership (a static member often never gets its
 # assignment), so against it the broker joins as a dynamic member.
 KAFKA_DELAY_TEST_FLAGS="--no-static-membership" KAFKA_DELAY_TEST_BROKERS="127.0.0.1:$port" \
-  cargo test --test e2e
+  cargo test --test e2e --test retry

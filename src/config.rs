@@ -286,10 +286,12 @@ impl RunArgs {
                 .map(str::to_owned),
             Some("") => None,
             Some(t) if matches(t) => Some(t.to_owned()),
-            Some(t) => return fail(format!(
+            Some(t) => {
+                return fail(format!(
                 "--retry-topic '{t}' must match both --source-pattern '{}' and --retry-topics '{}'",
                 contract.source_pattern, contract.retry.topics
-            )),
+            ))
+            }
         };
         for (pattern, policy) in std::iter::once((None, &contract.retry.default))
             .chain(contract.retry.by_target.iter().map(|(r, p)| (Some(r), p)))

@@ -331,11 +331,9 @@ async fn replay_moves_dead_letters_back_at_the_requested_rate_and_a_dry_run_move
         .iter()
         .map(|g| g.msg.timestamp().to_millis().unwrap())
         .collect();
+    // Shown, not asserted: brokers differ in which timestamp they keep (tansu does not keep
+    // the producer's); the elapsed time above is the rate limit's own measure.
     let span = stamps.iter().max().unwrap() - stamps.iter().min().unwrap();
-    assert!(
-        span >= 1_700,
-        "produced over {span} ms; at 5/s ten records span 1800 ms"
-    );
     for (i, g) in moved.iter().enumerate() {
         let n = [0, 1, 2, 3, 4, 6, 7, 8, 9, 10][i];
         assert_eq!(g.value(), Some(format!("r{n}")), "order kept");

@@ -100,3 +100,36 @@ proptest! {
         prop_assert!(p.delay_for(attempt + 1, 0.5) >= p.delay_for(attempt, 0.5));
     }
 }
+
+#[test]
+fn the_schema_documents_every_retry_header_and_policy_key_with_its_default() {
+    let schema: serde_json::Value =
+        serde_json::from_str(include_str!("../../schemas/headers.schema.json")).unwrap();
+    let headers = &schema["properties"]["headers"]["properties"];
+    for name in [
+        names::AFTER,
+        names::ATTEMPT,
+        names::FIRST_FAILED_AT,
+        names::MAX_ATTEMPTS,
+        names::REASON,
+    ] {
+        assert!(headers[name].is_object(), "{name} missing from the schema");
+    }
+    let keys = schema["$defs"]["retry-policy"]["properties"]
+        .as_object()
+        .expect("retry-policy in the schema");
+    let mut spec = Vec::new();
+    for (key, def) in keys {
+        let default = match &def["default"] {
+            serde_json::Value::String(s) => s.clone(),
+            other => other.to_string(),
+        };
+        spec.push(format!("{key}={default}"));
+    }
+    assert_eq!(keys.len(), 7);
+    assert_eq!(
+        Policy::parse(&spec.join(","), &Policy::default()),
+        Ok(Policy::default()),
+        "the schema's defaults are the code's"
+    );
+}
