@@ -20,6 +20,7 @@
 //! reschedule arriving while the old record fires can never lose the new id mapping.
 
 pub mod codec;
+pub mod stats;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
@@ -33,6 +34,7 @@ use codec::{
     due_key, id_key, id_value, partition_key, split_due_key, split_id_value, split_partition_key,
 };
 pub use codec::{Pid, RecordId, StoredRecord};
+use stats::{PendingStats, Snapshot};
 
 const CF_RECORDS: &str = "records";
 const CF_DUE: &str = "due";
@@ -140,6 +142,15 @@ impl IngestOp {
     }
 }
 
+/// Where a listing of the due index starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Position {
+    /// The first record due at or after this time.
+    Due(u64),
+    /// This record (a position returned by [`Store::list`]).
+    At(u64, RecordId),
+}
+
 /// What an ingest batch changed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Applied {
@@ -165,8 +176,8 @@ pub struct Store {
     db: DB,
     /// fsync the WAL on every write batch.
     sync: bool,
-    /// Serialises read-check-write sequences (see the module doc).
-    mutex: Mutex<()>,
+    /// Serialises read-check-write sequences (see the module doc), and guards the counts.
+    mutex: Mutex<PendingStats>,
     partitions: RwLock<Partitions>,
     /// Records in the `records` column (exact: every change is counted under the mutex).
     pending: AtomicI64,
@@ -202,7 +213,7 @@ impl Store {
         let store = Self {
             db,
             sync: options.sync,
-            mutex: Mutex::new(()),
+            mutex: Mutex::new(PendingStats::default()),
             partitions: RwLock::new(Partitions::default()),
             pending: AtomicI64::new(0),
             path: path.to_owned(),
@@ -372,7 +383,10 @@ impl Store {
     /// # Errors
     /// A read or write failure; nothing is written then.
     pub fn apply(&self, ops: Vec<IngestOp>) -> Result<Applied> {
-        let _guard = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        // Counts change only once the batch is written: (target, due, added).
+        let mut counted: Vec<(String, u64, bool)> = Vec::new();
+        let mut new_targets: HashMap<RecordId, String> = HashMap::new();
         let mut batch = WriteBatch::default();
         let mut applied = Applied::default();
         let mut overlay: HashMap<Vec<u8>, Option<(RecordId, u64)>> = HashMap::new();
@@ -390,6 +404,8 @@ impl Store {
                     if let Some(id) = &schedule.id {
                         let key = id_key(pid, id);
                         if let Some((old, old_due)) = self.lookup_id(&overlay, &key)? {
+                            let target = self.target_of(&new_targets, old, old_due)?;
+                            counted.push((target, old_due, false));
                             batch.delete_cf(self.cf(CF_RECORDS), old.to_bytes());
                             batch.delete_cf(self.cf(CF_DUE), due_key(old_due, old));
                             applied.replaced += 1;
@@ -407,7 +423,9 @@ impl Store {
                         headers: schedule.headers,
                     };
                     batch.put_cf(self.cf(CF_RECORDS), rid.to_bytes(), stored.encode());
-                    batch.put_cf(self.cf(CF_DUE), due_key(due, rid), []);
+                    batch.put_cf(self.cf(CF_DUE), due_key(due, rid), stored.target.as_bytes());
+                    counted.push((stored.target.clone(), due, true));
+                    new_targets.insert(rid, stored.target);
                     applied.inserted.push((due, rid));
                     delta += 1;
                 }
@@ -415,6 +433,8 @@ impl Store {
                     let key = id_key(pid, &id);
                     match self.lookup_id(&overlay, &key)? {
                         Some((old, old_due)) => {
+                            let target = self.target_of(&new_targets, old, old_due)?;
+                            counted.push((target, old_due, false));
                             batch.delete_cf(self.cf(CF_RECORDS), old.to_bytes());
                             batch.delete_cf(self.cf(CF_DUE), due_key(old_due, old));
                             batch.delete_cf(self.cf(CF_IDS), &key);
@@ -434,7 +454,32 @@ impl Store {
             .write_opt(batch, &self.write_opts())
             .map_err(io("ingest write"))?;
         self.pending.fetch_add(delta, Ordering::Relaxed);
+        for (target, due, added) in counted {
+            if added {
+                stats.add(&target, due);
+            } else {
+                stats.remove(&target, due);
+            }
+        }
         Ok(applied)
+    }
+
+    /// The target of a pending record: from this batch, or from its due-index entry.
+    fn target_of(
+        &self,
+        in_batch: &HashMap<RecordId, String>,
+        rid: RecordId,
+        due: u64,
+    ) -> Result<String> {
+        if let Some(t) = in_batch.get(&rid) {
+            return Ok(t.clone());
+        }
+        let v = self
+            .db
+            .get_pinned_cf(self.cf(CF_DUE), due_key(due, rid))
+            .map_err(io("due read"))?;
+        Ok(v.map(|v| String::from_utf8_lossy(&v).into_owned())
+            .unwrap_or_default())
     }
 
     fn record_id(&self, pid: Pid, offset: i64) -> Result<RecordId> {
@@ -499,7 +544,8 @@ impl Store {
     /// # Errors
     /// A read or write failure; nothing is deleted then.
     pub fn remove_fired(&self, fired: &[(RecordId, &StoredRecord)]) -> Result<usize> {
-        let _guard = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        let mut counted: Vec<(&str, u64)> = Vec::new();
         let mut batch = WriteBatch::default();
         let mut removed = 0usize;
         for (rid, rec) in fired {
@@ -525,6 +571,7 @@ impl Store {
                     }
                 }
             }
+            counted.push((&rec.target, rec.due_ms));
             removed += 1;
         }
         if removed > 0 {
@@ -532,6 +579,9 @@ impl Store {
                 .write_opt(batch, &self.write_opts())
                 .map_err(io("delete write"))?;
             self.pending.fetch_sub(removed as i64, Ordering::Relaxed);
+            for (target, due) in counted {
+                stats.remove(target, due);
+            }
         }
         Ok(removed)
     }
@@ -542,6 +592,8 @@ impl Store {
     /// # Errors
     /// A read failure or a corrupt index key.
     pub fn scan_due(&self, mut f: impl FnMut(u64, RecordId)) -> Result<u64> {
+        let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        stats.clear();
         let mut iter = self.db.raw_iterator_cf(self.cf(CF_DUE));
         iter.seek_to_first();
         let mut count = 0u64;
@@ -551,6 +603,10 @@ impl Store {
                 what: "due",
                 detail: format!("key of {} bytes", key.len()),
             })?;
+            stats.add(
+                &String::from_utf8_lossy(iter.value().unwrap_or_default()),
+                due,
+            );
             f(due, rid);
             count += 1;
             iter.next();
@@ -558,6 +614,172 @@ impl Store {
         iter.status().map_err(io("due scan"))?;
         self.pending.store(count as i64, Ordering::Relaxed);
         Ok(count)
+    }
+
+    /// Pending records in due order, starting at `from`, up to due time `until_ms`: at most
+    /// `limit` of those for which `keep(due, target)` holds, examining at most `budget` index
+    /// entries. Returns (due, id, target) triples and where to go on from (`None`: no more).
+    ///
+    /// # Errors
+    /// A read failure or a corrupt index key.
+    pub fn list(
+        &self,
+        from: Position,
+        until_ms: u64,
+        limit: usize,
+        budget: usize,
+        mut keep: impl FnMut(u64, &str) -> bool,
+    ) -> Result<(Vec<(u64, RecordId, String)>, Option<Position>)> {
+        let mut iter = self.db.raw_iterator_cf(self.cf(CF_DUE));
+        match from {
+            Position::Due(d) => iter.seek(d.to_be_bytes()),
+            Position::At(due, rid) => iter.seek(due_key(due, rid)),
+        }
+        let mut out = Vec::new();
+        let mut examined = 0usize;
+        while iter.valid() {
+            let key = iter.key().unwrap_or_default();
+            let (due, rid) = split_due_key(key).ok_or_else(|| StoreError::Corrupt {
+                what: "due",
+                detail: format!("key of {} bytes", key.len()),
+            })?;
+            if due > until_ms {
+                return Ok((out, None));
+            }
+            if out.len() == limit || examined == budget {
+                return Ok((out, Some(Position::At(due, rid))));
+            }
+            examined += 1;
+            let target = String::from_utf8_lossy(iter.value().unwrap_or_default()).into_owned();
+            if keep(due, &target) {
+                out.push((due, rid, target));
+            }
+            iter.next();
+        }
+        iter.status().map_err(io("due scan"))?;
+        Ok((out, None))
+    }
+
+    /// The pending records with `delay-id` `id`, one per source partition at most.
+    ///
+    /// # Errors
+    /// A read failure.
+    pub fn find_id(&self, id: &[u8]) -> Result<Vec<(u64, RecordId)>> {
+        let pids = self
+            .partitions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_pid
+            .len();
+        let mut out = Vec::new();
+        for pid in 0..pids {
+            let key = id_key(pid as Pid, id);
+            if let Some(v) = self
+                .db
+                .get_pinned_cf(self.cf(CF_IDS), &key)
+                .map_err(io("id read"))?
+            {
+                if let Some((rid, due)) = split_id_value(&v) {
+                    out.push((due, rid));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// Cancels one pending record (an operator's action). Returns it, `None` when it is not
+    /// pending (fired, cancelled or replaced already).
+    ///
+    /// # Errors
+    /// A read or write failure; nothing changes then.
+    pub fn cancel(&self, rid: RecordId) -> Result<Option<StoredRecord>> {
+        let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(rec) = self.get(&[rid])?.pop().flatten() else {
+            return Ok(None);
+        };
+        let mut batch = WriteBatch::default();
+        batch.delete_cf(self.cf(CF_RECORDS), rid.to_bytes());
+        batch.delete_cf(self.cf(CF_DUE), due_key(rec.due_ms, rid));
+        self.unmap_id(&mut batch, rid, &rec, None)?;
+        self.db
+            .write_opt(batch, &self.write_opts())
+            .map_err(io("cancel write"))?;
+        self.pending.fetch_sub(1, Ordering::Relaxed);
+        stats.remove(&rec.target, rec.due_ms);
+        Ok(Some(rec))
+    }
+
+    /// Moves one pending record to a new due time (an operator's action; "fire now" is a move
+    /// to now). The wheel entry at the old time becomes stale and is skipped when it comes up;
+    /// put `(due_ms, rid)` in the wheel. Returns the old due time, `None` when not pending.
+    ///
+    /// # Errors
+    /// A read or write failure; nothing changes then.
+    pub fn reschedule(&self, rid: RecordId, due_ms: u64) -> Result<Option<u64>> {
+        let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(mut rec) = self.get(&[rid])?.pop().flatten() else {
+            return Ok(None);
+        };
+        let old = rec.due_ms;
+        rec.due_ms = due_ms;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.cf(CF_RECORDS), rid.to_bytes(), rec.encode());
+        batch.delete_cf(self.cf(CF_DUE), due_key(old, rid));
+        batch.put_cf(self.cf(CF_DUE), due_key(due_ms, rid), rec.target.as_bytes());
+        self.unmap_id(&mut batch, rid, &rec, Some(due_ms))?;
+        self.db
+            .write_opt(batch, &self.write_opts())
+            .map_err(io("reschedule write"))?;
+        stats.remove(&rec.target, old);
+        stats.add(&rec.target, due_ms);
+        Ok(Some(old))
+    }
+
+    /// Deletes the id mapping of `rid` (or points it at `new_due`) while it still maps to `rid`.
+    fn unmap_id(
+        &self,
+        batch: &mut WriteBatch,
+        rid: RecordId,
+        rec: &StoredRecord,
+        new_due: Option<u64>,
+    ) -> Result<()> {
+        let Some(id) = &rec.id else { return Ok(()) };
+        let key = id_key(rid.pid(), id);
+        let mapped = self
+            .db
+            .get_pinned_cf(self.cf(CF_IDS), &key)
+            .map_err(io("id read"))?
+            .and_then(|v| split_id_value(&v))
+            .is_some_and(|(m, _)| m == rid);
+        if mapped {
+            match new_due {
+                Some(due) => batch.put_cf(self.cf(CF_IDS), &key, id_value(rid, due)),
+                None => batch.delete_cf(self.cf(CF_IDS), &key),
+            }
+        }
+        Ok(())
+    }
+
+    /// Pending counts by target and due bucket, as of `now_ms`.
+    pub fn pending_stats(&self, now_ms: u64) -> Snapshot {
+        self.mutex
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .snapshot(now_ms)
+    }
+
+    /// The earliest due time pending (one seek at the head of the due index).
+    ///
+    /// # Errors
+    /// A read failure.
+    pub fn earliest_due(&self) -> Result<Option<u64>> {
+        let mut iter = self.db.raw_iterator_cf(self.cf(CF_DUE));
+        iter.seek_to_first();
+        if !iter.valid() {
+            iter.status().map_err(io("due seek"))?;
+            return Ok(None);
+        }
+        Ok(iter.key().and_then(split_due_key).map(|(due, _)| due))
     }
 
     /// Records pending, as counted since the last [`Store::scan_due`].

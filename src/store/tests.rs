@@ -303,10 +303,26 @@ fn a_second_process_cannot_open_the_same_directory() {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Schedule { id: Option<u8>, due: u64 },
-    Cancel { id: u8 },
-    Fire { upto: u64 },
+    Schedule {
+        id: Option<u8>,
+        due: u64,
+    },
+    Cancel {
+        id: u8,
+    },
+    Fire {
+        upto: u64,
+    },
     Reopen,
+    /// An operator cancels the n-th pending record.
+    AdminCancel {
+        nth: usize,
+    },
+    /// An operator moves the n-th pending record.
+    AdminMove {
+        nth: usize,
+        due: u64,
+    },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -315,6 +331,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u8..4).prop_map(|id| Op::Cancel { id }),
         2 => (0u64..100).prop_map(|upto| Op::Fire { upto }),
         1 => Just(Op::Reopen),
+        1 => (0usize..8).prop_map(|nth| Op::AdminCancel { nth }),
+        1 => (0usize..8, 0u64..100).prop_map(|(nth, due)| Op::AdminMove { nth, due }),
     ]
 }
 
@@ -322,27 +340,31 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     /// The store against a model map: after any sequence of schedules, reschedules, cancels,
-    /// fires and reopens, the due index holds exactly the model's records, in due order.
+    /// fires, operator cancels and moves, and reopens, the due index holds exactly the model's
+    /// records, in due order, and the in-memory counts by target agree with it.
     #[test]
     fn store_matches_a_model(ops in prop::collection::vec(op(), 1..40)) {
         let dir = TempDir::new().unwrap();
         let mut store = open(&dir);
         let pid = store.partition_id("delay.in", 0).unwrap();
-        let mut model: BTreeMap<(u64, RecordId), Option<u8>> = BTreeMap::new();
+        // (due, id) -> (delay-id, target)
+        let mut model: BTreeMap<(u64, RecordId), (Option<u8>, String)> = BTreeMap::new();
         let mut offset = 0i64;
         for op in ops {
             match op {
                 Op::Schedule { id, due } => {
                     if let Some(id) = id {
-                        model.retain(|_, v| *v != Some(id));
+                        model.retain(|_, v| v.0 != Some(id));
                     }
-                    let s = sched(id.map(|i| format!("id{i}")).as_deref(), due, "v");
+                    let mut s = sched(id.map(|i| format!("id{i}")).as_deref(), due, "v");
+                    s.target = format!("t{}", due % 3);
+                    let target = s.target.clone();
                     store.apply(vec![IngestOp::Schedule { pid, offset, schedule: s }]).unwrap();
-                    model.insert((due, RecordId::new(pid, offset).unwrap()), id);
+                    model.insert((due, RecordId::new(pid, offset).unwrap()), (id, target));
                     offset += 1;
                 }
                 Op::Cancel { id } => {
-                    model.retain(|_, v| *v != Some(id));
+                    model.retain(|_, v| v.0 != Some(id));
                     store.apply(vec![IngestOp::Cancel { pid, offset, id: format!("id{id}").into_bytes() }]).unwrap();
                     offset += 1;
                 }
@@ -356,8 +378,31 @@ proptest! {
                 Op::Reopen => {
                     drop(store);
                     store = open(&dir);
+                    pending(&store); // recovery: the scan that rebuilds the counts
+                }
+                Op::AdminCancel { nth } => {
+                    if let Some(&k) = model.keys().nth(nth) {
+                        prop_assert!(store.cancel(k.1).unwrap().is_some());
+                        model.remove(&k);
+                        prop_assert!(store.cancel(k.1).unwrap().is_none(), "gone after a cancel");
+                    }
+                }
+                Op::AdminMove { nth, due } => {
+                    if let Some(&k) = model.keys().nth(nth) {
+                        prop_assert_eq!(store.reschedule(k.1, due).unwrap(), Some(k.0));
+                        let v = model.remove(&k).unwrap();
+                        model.insert((due, k.1), v);
+                    }
                 }
             }
+            // Counts first: `pending` rescans and would rebuild them.
+            let mut by_target: BTreeMap<String, u64> = BTreeMap::new();
+            for (_, t) in model.values() {
+                *by_target.entry(t.clone()).or_default() += 1;
+            }
+            let snap = store.pending_stats(0);
+            prop_assert_eq!(snap.by_target, by_target.into_iter().collect::<Vec<_>>());
+            prop_assert_eq!(snap.by_due[1], model.len() as u64);
             let want: Vec<(u64, RecordId)> = model.keys().copied().collect();
             prop_assert_eq!(pending(&store), want);
             prop_assert_eq!(store.pending() as usize, model.len());
@@ -366,4 +411,63 @@ proptest! {
             prop_assert_eq!(store.next_offsets().unwrap()[&pid], offset);
         }
     }
+}
+
+#[test]
+fn listing_pages_through_the_due_index_with_filters_and_a_budget() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let pid = store.partition_id("delay.in", 0).unwrap();
+    let ops = (0..10)
+        .map(|i| {
+            let mut s = sched(Some(&format!("id{i}")), 1_000 + i as u64 * 10, "v");
+            s.target = if i % 2 == 0 { "even" } else { "odd" }.into();
+            IngestOp::Schedule {
+                pid,
+                offset: i,
+                schedule: s,
+            }
+        })
+        .collect();
+    store.apply(ops).unwrap();
+    // Page through the odd ones, 2 at a time.
+    let mut from = Position::Due(0);
+    let mut seen = Vec::new();
+    loop {
+        let (page, next) = store
+            .list(from, u64::MAX, 2, usize::MAX, |_, t| t == "odd")
+            .unwrap();
+        seen.extend(page.iter().map(|(d, _, t)| (*d, t.clone())));
+        match next {
+            Some(p) => from = p,
+            None => break,
+        }
+    }
+    let want: Vec<(u64, String)> = (0..10)
+        .filter(|i| i % 2 == 1)
+        .map(|i| (1_000 + i * 10, "odd".to_owned()))
+        .collect();
+    assert_eq!(seen, want);
+    // A due-time range, and a budget that stops early with a position to go on from.
+    let (page, next) = store
+        .list(Position::Due(1_020), 1_050, 100, 100, |_, _| true)
+        .unwrap();
+    assert_eq!(
+        page.iter().map(|p| p.0).collect::<Vec<_>>(),
+        [1_020, 1_030, 1_040, 1_050]
+    );
+    assert_eq!(next, None);
+    let (page, next) = store
+        .list(Position::Due(0), u64::MAX, 100, 3, |_, _| true)
+        .unwrap();
+    assert_eq!(page.len(), 3);
+    assert_eq!(
+        next,
+        Some(Position::At(1_030, RecordId::new(pid, 3).unwrap()))
+    );
+    assert_eq!(
+        store.find_id(b"id4").unwrap(),
+        vec![(1_040, RecordId::new(pid, 4).unwrap())]
+    );
+    assert_eq!(store.find_id(b"nope").unwrap(), vec![]);
 }
