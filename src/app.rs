@@ -82,10 +82,38 @@ pub async fn start(
     };
     let (stop_ingest, stop_ingest_rx) = watch::channel(false);
     let (stop_rest, stop_rest_rx) = watch::channel(false);
+    let on_scrape: http::OnScrape = {
+        let (store, metrics, clock, health) = (
+            store.clone(),
+            metrics.clone(),
+            clock.clone(),
+            health.clone(),
+        );
+        Arc::new(move || {
+            let healthy = health.store_healthy.load(Ordering::Relaxed);
+            metrics.refresh_from_store(&store, clock.now_ms(), healthy);
+        })
+    };
+    let (insert_tx, insert_rx) = mpsc::channel::<Vec<(u64, RecordId)>>(1_024);
+    let admin = crate::admin::Admin {
+        store: store.clone(),
+        scheduler: insert_tx.clone(),
+        clock: clock.clone(),
+        metrics: metrics.clone(),
+        token: config.admin_token.as_ref().map(|s| s.0.clone()),
+        loopback: config.http_addr.ip().is_loopback(),
+        max_delay_ms: config.contract.max_delay_ms,
+    };
+    if !admin.loopback && admin.token.is_none() {
+        warn!(addr = %config.http_addr,
+              "the admin API is off: the HTTP server listens beyond loopback and no --admin-token is set");
+    }
     let (http_addr, http_task) = http::serve(
         config.http_addr,
         health.clone(),
         registry.clone(),
+        on_scrape,
+        crate::admin::router(admin),
         stop_rest_rx.clone(),
     )
     .await
@@ -104,7 +132,6 @@ pub async fn start(
         metrics.clone(),
     );
 
-    let (insert_tx, insert_rx) = mpsc::channel::<Vec<(u64, RecordId)>>(1_024);
     let (due_tx, due_rx) = mpsc::channel(64);
     let scheduler = Scheduler::new(clock.clone(), metrics.clone());
     let scheduler = tokio::spawn(scheduler.run(insert_rx, due_tx, stop_rest_rx.clone()));
@@ -120,6 +147,7 @@ pub async fn start(
             backoff_max_ms: config.fire_backoff_max_ms,
         },
         in_flight: config.in_flight,
+        in_flight_ids: Arc::default(),
     };
     let publisher = tokio::spawn(publisher.run(due_rx, stop_rest_rx));
 
@@ -140,7 +168,7 @@ pub async fn start(
             warn!(%topic, error = %e, "the retry topic does not exist and could not be created");
         }
     }
-    let consumer = ingest::consumer(&config, store.clone())?;
+    let consumer = ingest::consumer(&config, store.clone(), metrics.clone())?;
     let ingest = Ingest {
         consumer,
         store: store.clone(),

@@ -146,6 +146,10 @@ pub struct RunArgs {
     #[arg(long = "kafka-config", env = "KAFKA_DELAY_KAFKA_CONFIG", value_delimiter = ';',
           value_parser = parse_kafka_prop)]
     pub kafka_config: Vec<KafkaProp>,
+    /// Bearer token for the admin API (/api/...). Without it the API answers only when
+    /// --http-addr is a loopback address.
+    #[arg(long, env = "KAFKA_DELAY_ADMIN_TOKEN")]
+    pub admin_token: Option<String>,
     /// Log format: plain or json.
     #[arg(long, env = "KAFKA_DELAY_LOG_FORMAT", default_value = "plain")]
     pub log_format: String,
@@ -188,6 +192,18 @@ pub struct Config {
     pub kafka_config: Vec<KafkaProp>,
     /// JSON logs.
     pub log_json: bool,
+    /// Admin API bearer token (its `Debug` is redacted).
+    pub admin_token: Option<Secret>,
+}
+
+/// A secret string whose `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("<redacted>")
+    }
 }
 
 /// The retry topic created at start when --retry-topic is not given (and the patterns match it).
@@ -320,6 +336,12 @@ impl RunArgs {
                 ));
             }
         }
+        let admin_token = match &self.admin_token {
+            Some(t) if t.len() < 16 => {
+                return fail("--admin-token must be at least 16 characters".into())
+            }
+            t => t.clone().map(Secret),
+        };
         let log_json = match self.log_format.as_str() {
             "plain" => false,
             "json" => true,
@@ -349,6 +371,7 @@ impl RunArgs {
             topic_refresh_ms,
             kafka_config: self.kafka_config.clone(),
             log_json,
+            admin_token,
         })
     }
 }

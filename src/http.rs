@@ -1,5 +1,5 @@
-//! HTTP: `/healthz` (the process runs), `/readyz` (recovery done, consuming, RocksDB writable)
-//! and `/metrics` (Prometheus text format).
+//! HTTP: `/healthz` (the process runs), `/readyz` (recovery done, consuming, RocksDB writable),
+//! `/metrics` (Prometheus text format), and the admin API under `/api/` ([`crate::admin`]).
 
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -22,10 +22,14 @@ pub struct Health {
     pub store_healthy: Arc<AtomicBool>,
 }
 
+/// Called before each scrape, to set gauges that are read rather than counted.
+pub type OnScrape = Arc<dyn Fn() + Send + Sync>;
+
 #[derive(Clone)]
 struct AppState {
     health: Health,
     registry: Registry,
+    on_scrape: OnScrape,
 }
 
 async fn healthz() -> &'static str {
@@ -43,6 +47,7 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
 }
 
 async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+    (s.on_scrape)();
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         crate::metrics::render(&s.registry),
@@ -58,6 +63,8 @@ pub async fn serve(
     addr: SocketAddr,
     health: Health,
     registry: Registry,
+    on_scrape: OnScrape,
+    api: Router,
     mut shutdown: watch::Receiver<bool>,
 ) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
     let listener = tokio::net::TcpListener::bind(addr).await?;
@@ -66,7 +73,12 @@ pub async fn serve(
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
         .route("/metrics", get(metrics))
-        .with_state(AppState { health, registry });
+        .with_state(AppState {
+            health,
+            registry,
+            on_scrape,
+        })
+        .merge(api);
     let task = tokio::spawn(async move {
         let stop = async move {
             let _ = shutdown.wait_for(|s| *s).await;

@@ -6,6 +6,7 @@
 //! topic and deletes them once delivered. [`app`] wires them together.
 #![forbid(unsafe_code)]
 
+pub mod admin;
 pub mod app;
 pub mod client;
 pub mod clock;

@@ -49,6 +49,24 @@ pub struct Metrics {
     pub ready: IntGauge,
     /// Build information.
     pub build_info: IntGaugeVec,
+    /// Pending records by target topic (refreshed on scrape).
+    pub pending_by_target: IntGaugeVec,
+    /// Pending records by due bucket: overdue, 1m, 1h, 1d, later (refreshed on scrape).
+    pub pending_by_due: IntGaugeVec,
+    /// Age of the oldest pending record that is past due, 0 when none (refreshed on scrape).
+    pub oldest_overdue: prometheus::Gauge,
+    /// RocksDB size: SST files plus memtables, all column families (refreshed on scrape).
+    pub store_size: IntGauge,
+    /// 1 while RocksDB stops writes (write stall), else 0 (refreshed on scrape).
+    pub store_write_stopped: IntGauge,
+    /// RocksDB's delayed write rate while it slows writes, bytes/s; 0 when not delayed.
+    pub store_delayed_write_rate: IntGauge,
+    /// 1 while RocksDB accepts writes, 0 after a failed write until one succeeds.
+    pub store_healthy: IntGauge,
+    /// Consumer lag of each source partition, from librdkafka's statistics.
+    pub consumer_lag: IntGaugeVec,
+    /// Admin API requests that change state, by action and outcome.
+    pub admin_requests: IntCounterVec,
 }
 
 impl Metrics {
@@ -77,6 +95,10 @@ impl Metrics {
                     HistogramOpts::new(name, help).buckets(LATENESS_BUCKETS.to_vec()),
                 )?,
             )
+        };
+        let gauge = |name: &str, help: &str| reg(registry, IntGauge::new(name, help)?);
+        let gauge_vec = |name: &str, help: &str, labels: &[&str]| {
+            reg(registry, IntGaugeVec::new(Opts::new(name, help), labels)?)
         };
         let m = Self {
             ingested: counter_vec(
@@ -175,6 +197,54 @@ impl Metrics {
                     &["version"],
                 )?,
             )?,
+            pending_by_target: gauge_vec(
+                "kafka_delay_pending_target_records",
+                "Records pending, by target topic.",
+                &["target"],
+            )?,
+            pending_by_due: gauge_vec(
+                "kafka_delay_pending_due_records",
+                "Records pending, by when they are due: overdue, within 1m, 1h, 1d, or later.",
+                &["due"],
+            )?,
+            oldest_overdue: reg(
+                registry,
+                prometheus::Gauge::new(
+                    "kafka_delay_pending_oldest_overdue_seconds",
+                    "How long the oldest pending record has been past its due time; 0 when none is.",
+                )?,
+            )?,
+            store_size: gauge(
+                "kafka_delay_store_size_bytes",
+                "RocksDB size: SST files and memtables of every column family.",
+            )?,
+            store_write_stopped: gauge(
+                "kafka_delay_store_write_stopped",
+                "1 while RocksDB stops writes (write stall).",
+            )?,
+            store_delayed_write_rate: gauge(
+                "kafka_delay_store_delayed_write_rate_bytes",
+                "RocksDB's write rate limit while it delays writes, bytes per second; 0 when not delayed.",
+            )?,
+            store_healthy: gauge(
+                "kafka_delay_store_healthy",
+                "1 while RocksDB accepts writes; 0 after a failed write, until one succeeds.",
+            )?,
+            consumer_lag: gauge_vec(
+                "kafka_delay_ingest_consumer_lag_records",
+                "Records not yet consumed in each source partition (librdkafka statistics).",
+                &["topic", "partition"],
+            )?,
+            admin_requests: reg(
+                registry,
+                IntCounterVec::new(
+                    Opts::new(
+                        "kafka_delay_admin_requests_total",
+                        "Admin API requests that change state, by action and outcome.",
+                    ),
+                    &["action", "outcome"],
+                )?,
+            )?,
         };
         m.build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
@@ -184,6 +254,37 @@ impl Metrics {
             prometheus::process_collector::ProcessCollector::for_self(),
         ))?;
         Ok(m)
+    }
+}
+
+impl Metrics {
+    /// Sets the gauges that are read from the store rather than counted as things happen:
+    /// pending by target and by due bucket, the oldest overdue age, RocksDB size and stalls.
+    pub fn refresh_from_store(&self, store: &crate::store::Store, now_ms: u64, healthy: bool) {
+        let snap = store.pending_stats(now_ms);
+        self.pending_by_target.reset();
+        for (target, n) in &snap.by_target {
+            self.pending_by_target
+                .with_label_values(&[target])
+                .set(*n as i64);
+        }
+        for (bucket, n) in crate::store::stats::BUCKETS.iter().zip(snap.by_due) {
+            self.pending_by_due
+                .with_label_values(&[bucket])
+                .set(n as i64);
+        }
+        let overdue_ms = store
+            .earliest_due()
+            .ok()
+            .flatten()
+            .map_or(0, |due| now_ms.saturating_sub(due));
+        self.oldest_overdue.set(overdue_ms as f64 / 1000.0);
+        self.pending.set(store.pending() as i64);
+        self.store_size.set(store.size_bytes() as i64);
+        let (stopped, rate) = store.write_stall();
+        self.store_write_stopped.set(i64::from(stopped));
+        self.store_delayed_write_rate.set(rate as i64);
+        self.store_healthy.set(i64::from(healthy));
     }
 }
 

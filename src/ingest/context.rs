@@ -16,9 +16,26 @@ use crate::store::Store;
 pub struct IngestContext {
     /// Where stored offsets are read from.
     pub store: Arc<Store>,
+    /// Consumer lag goes here, from librdkafka's statistics.
+    pub metrics: crate::metrics::Metrics,
 }
 
-impl ClientContext for IngestContext {}
+impl ClientContext for IngestContext {
+    fn stats(&self, statistics: rdkafka::Statistics) {
+        for (topic, t) in &statistics.topics {
+            for (partition, p) in &t.partitions {
+                // -1 is librdkafka's "unassigned" partition; lag -1 means not known yet.
+                if *partition < 0 || p.consumer_lag < 0 {
+                    continue;
+                }
+                self.metrics
+                    .consumer_lag
+                    .with_label_values(&[topic.as_str(), &partition.to_string()])
+                    .set(p.consumer_lag);
+            }
+        }
+    }
+}
 
 impl IngestContext {
     /// Sets every partition of `tpl` that has an offset in the store to start there; returns

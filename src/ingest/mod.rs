@@ -48,6 +48,7 @@ const MAX_GROUP: usize = 512;
 pub fn consumer(
     config: &Config,
     store: Arc<Store>,
+    metrics: Metrics,
 ) -> Result<StreamConsumer<IngestContext>, KafkaSetupError> {
     let mut c = base_config(config);
     c.set("group.id", &config.group_id)
@@ -71,6 +72,8 @@ pub fn consumer(
         // Kafka answers a fetch as soon as data arrives; brokers that hold a fetch for its
         // whole wait (librdkafka's mock cluster) would add up to this much to ingest latency.
         ("fetch.wait.max.ms", "100"),
+        // Consumer lag per partition for the metrics.
+        ("statistics.interval.ms", "5000"),
     ];
     for (k, v) in defaults {
         if !config.kafka_config.iter().any(|p| p.key == k) {
@@ -78,7 +81,7 @@ pub fn consumer(
         }
     }
     let consumer: StreamConsumer<IngestContext> = c
-        .create_with_context(IngestContext { store })
+        .create_with_context(IngestContext { store, metrics })
         .map_err(|source| KafkaSetupError::Client {
             client: "consumer",
             source,

@@ -13,7 +13,7 @@
 
 pub mod dead_letter;
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -115,6 +115,9 @@ pub struct Publisher {
     pub policy: RetryPolicy,
     /// Most records between produce and delete.
     pub in_flight: usize,
+    /// Records between produce and delete: a second timer for one of them (an operator moved
+    /// it) is skipped rather than published twice.
+    pub in_flight_ids: Arc<Mutex<HashSet<RecordId>>>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -189,6 +192,18 @@ impl Publisher {
                     .remove(&due.id);
                 continue;
             };
+            // Moved later by an operator (the entry at the new time will fire it), or already
+            // being published through another entry.
+            if record.due_ms > due.at_ms
+                || !self
+                    .in_flight_ids
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(due.id)
+            {
+                self.metrics.fire_skipped.inc();
+                continue;
+            }
             let Ok(permit) = sem.clone().acquire_owned().await else {
                 return;
             };
@@ -284,6 +299,7 @@ impl Publisher {
         let mut finished: Vec<(RecordId, StoredRecord)> = Vec::new();
         let mut permits = Vec::with_capacity(outcomes.len());
         let mut retry: Vec<(u64, RecordId)> = Vec::new();
+        let ids: Vec<RecordId> = outcomes.iter().map(|o| o.id).collect();
         for o in outcomes {
             permits.push(o.permit);
             let err = match o.result {
@@ -341,6 +357,12 @@ impl Publisher {
         }
         if !finished.is_empty() {
             self.remove(finished).await;
+        }
+        {
+            let mut in_flight = self.in_flight_ids.lock().unwrap_or_else(|e| e.into_inner());
+            for id in &ids {
+                in_flight.remove(id);
+            }
         }
         drop(permits);
         if !retry.is_empty() && self.retries.send(retry).await.is_err() {

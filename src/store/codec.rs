@@ -3,7 +3,7 @@
 //! | column   | key                                   | value                              |
 //! |----------|---------------------------------------|------------------------------------|
 //! | records  | `RecordId` (8 B)                      | [`StoredRecord`] (versioned binary) |
-//! | due      | `due_ms` (8 B) ++ `RecordId` (8 B)    | empty                              |
+//! | due      | `due_ms` (8 B) ++ `RecordId` (8 B)    | target topic (UTF-8)               |
 //! | ids      | `pid` (2 B) ++ delay-id bytes         | `RecordId` (8 B) ++ `due_ms` (8 B) |
 //! | offsets  | `pid` (2 B)                           | next offset to ingest (8 B)        |
 //! | meta     | `p` ++ topic ++ `0x00` ++ partition   | `pid` (2 B)                        |

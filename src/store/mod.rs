@@ -796,6 +796,31 @@ impl Store {
         self.db.flush().map_err(io("flush"))
     }
 
+    /// Bytes on disk (SST files) plus in memtables, over every column family.
+    pub fn size_bytes(&self) -> u64 {
+        [CF_RECORDS, CF_DUE, CF_IDS, CF_OFFSETS, CF_META]
+            .iter()
+            .flat_map(|cf| {
+                [
+                    "rocksdb.total-sst-files-size",
+                    "rocksdb.cur-size-all-mem-tables",
+                ]
+                .map(|p| self.db.property_int_value_cf(self.cf(cf), p).ok().flatten())
+            })
+            .map(Option::unwrap_or_default)
+            .sum()
+    }
+
+    /// Whether RocksDB currently stops writes (a write stall), and its delayed write rate in
+    /// bytes/s while it slows them (0 when not).
+    pub fn write_stall(&self) -> (bool, u64) {
+        let stopped = self.int_property("rocksdb.is-write-stopped").unwrap_or(0) > 0;
+        let rate = self
+            .int_property("rocksdb.actual-delayed-write-rate")
+            .unwrap_or(0);
+        (stopped, rate)
+    }
+
     /// A RocksDB property of the default column family, as an integer, for metrics.
     pub fn int_property(&self, name: &str) -> Option<u64> {
         self.db.property_int_value(name).ok().flatten()
