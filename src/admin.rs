@@ -555,6 +555,41 @@ mod tests {
     }
 
     #[test]
+    fn without_a_token_only_a_loopback_listener_answers() {
+        let dir = tempfile::TempDir::new().unwrap();
+        let store =
+            Arc::new(Store::open(dir.path(), crate::store::StoreOptions::default()).unwrap());
+        let (tx, _rx) = tokio::sync::mpsc::channel(1);
+        let admin = |token: Option<&str>, loopback| Admin {
+            store: store.clone(),
+            scheduler: tx.clone(),
+            clock: Arc::new(crate::clock::SystemClock),
+            metrics: Metrics::new(&prometheus::Registry::new()).unwrap(),
+            token: token.map(str::to_owned),
+            loopback,
+            max_delay_ms: 1,
+        };
+        let none = HeaderMap::new();
+        let mut good = HeaderMap::new();
+        good.insert("authorization", "Bearer t0ken-t0ken-t0ken".parse().unwrap());
+        assert!(admin(None, true).authorize(&none).is_ok());
+        assert_eq!(
+            admin(None, false).authorize(&good).unwrap_err().0,
+            StatusCode::FORBIDDEN
+        );
+        let with = admin(Some("t0ken-t0ken-t0ken"), false);
+        assert!(with.authorize(&good).is_ok());
+        assert_eq!(
+            with.authorize(&none).unwrap_err().0,
+            StatusCode::UNAUTHORIZED
+        );
+        assert!(
+            !format!("{with:?}").contains("t0ken"),
+            "the token is never printed"
+        );
+    }
+
+    #[test]
     fn ids_and_times() {
         assert_eq!(
             parse_id("0001000000000007").unwrap(),

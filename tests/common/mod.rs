@@ -516,6 +516,43 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// An HTTP request to the broker's server with an optional JSON body and bearer token;
+/// returns (status, parsed JSON body or Null).
+pub async fn http_json(
+    addr: std::net::SocketAddr,
+    method: &str,
+    path: &str,
+    body: Option<serde_json::Value>,
+    token: Option<&str>,
+) -> (u16, serde_json::Value) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    let body = body.map(|b| b.to_string()).unwrap_or_default();
+    let auth = token
+        .map(|t| format!("Authorization: Bearer {t}\r\n"))
+        .unwrap_or_default();
+    let req = format!(
+        "{method} {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n{auth}Content-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    );
+    s.write_all(req.as_bytes()).await.unwrap();
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).await.unwrap();
+    let status = buf
+        .split_whitespace()
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    let text = buf
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(text).unwrap_or(serde_json::Value::Null),
+    )
+}
+
 /// The value of a metric line (exact name with labels) from /metrics.
 pub fn metric(body: &str, name: &str) -> Option<f64> {
     body.lines()
