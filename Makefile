@@ -6,7 +6,7 @@
 
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/kafka-delay/target
 TANSU_VERSION := 0.6.0
-DEBIAN_PACKAGES := build-essential pkg-config libclang-dev clang libssl-dev zlib1g-dev kcat curl python3
+DEBIAN_PACKAGES := build-essential pkg-config libclang-dev clang libssl-dev zlib1g-dev kcat curl python3 prometheus
 
 .PHONY: demo test deps tansu build lint
 

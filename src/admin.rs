@@ -41,6 +41,18 @@ pub const ROUTES: [(&str, &str); 8] = [
     ("post", "/api/v1/bulk/fire"),
 ];
 
+/// Actions counted in `kafka_delay_admin_requests_total`.
+pub const ACTIONS: [&str; 6] = [
+    "cancel",
+    "reschedule",
+    "fire",
+    "bulk_cancel",
+    "bulk_reschedule",
+    "bulk_fire",
+];
+/// Outcomes counted in `kafka_delay_admin_requests_total`.
+pub const OUTCOMES: [&str; 4] = ["ok", "not_found", "error", "denied"];
+
 /// Most records one listing returns.
 const MAX_PAGE: usize = 1_000;
 /// Most index entries one listing examines (a filter that matches little returns a cursor).

@@ -246,6 +246,19 @@ impl Metrics {
                 )?,
             )?,
         };
+        // Known label values start at 0, so rates and alerts work before the first event.
+        for reason in crate::record::Reason::ALL {
+            m.rejected.with_label_values(&[reason.code()]);
+            m.dead_lettered.with_label_values(&[reason.code()]);
+        }
+        for kind in crate::publish::ERROR_KINDS {
+            m.produce_errors.with_label_values(&[kind]);
+        }
+        for action in crate::admin::ACTIONS {
+            for outcome in crate::admin::OUTCOMES {
+                m.admin_requests.with_label_values(&[action, outcome]);
+            }
+        }
         m.build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);

@@ -57,6 +57,17 @@ pub enum Failure {
     Permanent(Reason),
 }
 
+/// Every error kind [`classify`] returns (the `kind` label of the produce-error metric).
+pub const ERROR_KINDS: [&str; 7] = [
+    "unknown_topic",
+    "authorization",
+    "rejected",
+    "timeout",
+    "queue_full",
+    "transient",
+    "other",
+];
+
 /// Classifies a produce error, with a bounded label for metrics.
 pub fn classify(err: &KafkaError) -> (Failure, &'static str) {
     use RDKafkaErrorCode as C;
@@ -492,5 +503,17 @@ mod tests {
             Failure::Transient
         );
         assert_eq!(classify(&KafkaError::Canceled).0, Failure::Transient);
+        // Every kind is one of the pre-registered metric labels.
+        for code in [
+            RDKafkaErrorCode::UnknownTopic,
+            RDKafkaErrorCode::TopicAuthorizationFailed,
+            RDKafkaErrorCode::MessageSizeTooLarge,
+            RDKafkaErrorCode::MessageTimedOut,
+            RDKafkaErrorCode::QueueFull,
+            RDKafkaErrorCode::NotLeaderForPartition,
+        ] {
+            assert!(ERROR_KINDS.contains(&classify(&e(code)).1), "{code:?}");
+        }
+        assert!(ERROR_KINDS.contains(&classify(&KafkaError::Canceled).1));
     }
 }
