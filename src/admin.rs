@@ -291,13 +291,11 @@ fn parse_cursor(c: &str) -> Result<Position, ApiError> {
     Ok(Position::At(due, parse_id(id)?))
 }
 
+/// Matching (due, id, target) triples and the cursor to go on from, as the API shows it.
+type Selected = (Vec<(u64, RecordId, String)>, Option<String>);
+
 /// Matching records as (due, id, target), up to `limit`, and the cursor to go on from.
-fn select(
-    store: &Store,
-    f: &Filter,
-    limit: usize,
-    budget: usize,
-) -> Result<(Vec<(u64, RecordId, String)>, Option<String>), ApiError> {
+fn select(store: &Store, f: &Filter, limit: usize, budget: usize) -> Result<Selected, ApiError> {
     let from = time_bound("due_from", &f.due_from)?.unwrap_or(0);
     let to = time_bound("due_to", &f.due_to)?.unwrap_or(u64::MAX);
     let target_ok = |t: &str| f.target.as_deref().is_none_or(|want| want == t);

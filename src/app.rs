@@ -209,7 +209,19 @@ async fn recover(
     let tx = inserts.clone();
     let count = tokio::task::spawn_blocking(move || {
         let mut chunk = Vec::with_capacity(8_192);
+        let mut last_report = Instant::now();
+        let mut seen = 0u64;
         let count = store.scan_due(|due, id| {
+            seen += 1;
+            if seen % 65_536 == 0 && last_report.elapsed().as_secs() >= 5 {
+                let secs = started.elapsed().as_secs_f64();
+                info!(
+                    records = seen,
+                    per_second = (seen as f64 / secs) as u64,
+                    "recovering"
+                );
+                last_report = Instant::now();
+            }
             chunk.push((due, id));
             if chunk.len() == 8_192 {
                 let _ = tx.blocking_send(std::mem::take(&mut chunk));

@@ -151,6 +151,9 @@ pub enum Position {
     At(u64, RecordId),
 }
 
+/// A page of a listing: (due, id, target) triples and where the next page starts.
+pub type Page = (Vec<(u64, RecordId, String)>, Option<Position>);
+
 /// What an ingest batch changed.
 #[derive(Debug, Default, Clone, PartialEq, Eq)]
 pub struct Applied {
@@ -629,7 +632,7 @@ impl Store {
         limit: usize,
         budget: usize,
         mut keep: impl FnMut(u64, &str) -> bool,
-    ) -> Result<(Vec<(u64, RecordId, String)>, Option<Position>)> {
+    ) -> Result<Page> {
         let mut iter = self.db.raw_iterator_cf(self.cf(CF_DUE));
         match from {
             Position::Due(d) => iter.seek(d.to_be_bytes()),
