@@ -34,8 +34,8 @@ demo: build
 
 lint: deps
 	cargo fmt --check
-	cargo clippy --all-targets -- -D warnings
+	cargo clippy --all-targets --all-features -- -D warnings
 
 test: deps tansu
-	cargo test --all-targets
+	cargo test --all-targets --features failpoints
 	bash scripts/test-external.sh

@@ -82,7 +82,7 @@ pub struct Admin {
 impl std::fmt::Debug for Admin {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Admin")
-            .field("token", &self.token.as_ref().map(|_| "<redacted>"))
+            .field("token", &self.token.as_ref().map(|_| "[redacted]"))
             .field("loopback", &self.loopback)
             .finish_non_exhaustive()
     }

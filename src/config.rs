@@ -31,6 +31,8 @@ pub enum Command {
     Sandbox(SandboxArgs),
     /// Move dead-lettered records back to a topic, rate-limited, resetting their retry count.
     Replay(crate::replay::ReplayArgs),
+    /// Produce a known set of delayed records and report lost, duplicated, early and late ones.
+    Verify(crate::verify::VerifyArgs),
 }
 
 /// Flags of `kafka-delay sandbox`.
@@ -202,7 +204,7 @@ pub struct Secret(pub String);
 
 impl std::fmt::Debug for Secret {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("<redacted>")
+        f.write_str("[redacted]")
     }
 }
 
@@ -485,7 +487,9 @@ mod tests {
         let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
         match cli.command {
             Command::Run(a) => a.validate().map_err(|e| e.0),
-            Command::Sandbox(_) | Command::Replay(_) => unreachable!("run was parsed"),
+            Command::Sandbox(_) | Command::Replay(_) | Command::Verify(_) => {
+                unreachable!("run was parsed")
+            }
         }
     }
 

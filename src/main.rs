@@ -44,6 +44,27 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Verify(args) => {
+            init_logging(false);
+            let result = runtime().and_then(|rt| {
+                rt.block_on(kafka_delay::verify::run(&args))
+                    .map_err(anyhow::Error::from)
+            });
+            match result {
+                Ok(report) => {
+                    println!("{report}");
+                    if report.lost == 0 && report.early == 0 {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::FAILURE
+                    }
+                }
+                Err(e) => {
+                    eprintln!("kafka-delay: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
         Command::Sandbox(args) => {
             init_logging(false);
             exit(runtime().and_then(|rt| rt.block_on(sandbox(args.brokers))))

@@ -4,112 +4,12 @@
 
 mod common;
 
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use common::procs::*;
 use common::*;
 use tempfile::TempDir;
-
-const BIN: &str = env!("CARGO_BIN_EXE_kafka-delay");
-
-struct Proc(Child);
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Starts a process that prints `bootstrap.servers=...` and returns it with the address.
-fn spawn_announcing(args: &[&str]) -> (Proc, String) {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn kafka-delay");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut lines = BufReader::new(stdout).lines();
-        if let Some(Ok(line)) = lines.next() {
-            let _ = tx.send(line);
-        }
-        for _ in lines {}
-    });
-    let line = rx
-        .recv_timeout(Duration::from_secs(60))
-        .expect("bootstrap line within 60s");
-    let addr = line
-        .strip_prefix("bootstrap.servers=")
-        .expect("bootstrap.servers= line")
-        .to_owned();
-    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
-    (Proc(child), addr)
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-fn spawn_broker(brokers: &str, t: &Topics, data: &TempDir, http_port: u16) -> Proc {
-    let http = format!("127.0.0.1:{http_port}");
-    let child = Command::new(BIN)
-        .args([
-            "run",
-            "--brokers",
-            brokers,
-            "--data-dir",
-            data.path().to_str().unwrap(),
-            "--http-addr",
-            &http,
-            "--group-id",
-            &format!("g-{}", t.id),
-            "--instance-id",
-            &format!("i-{}", t.id),
-            "--source-pattern",
-            &t.pattern,
-            "--dead-letter-topic",
-            &t.dlt,
-            "--topic-refresh",
-            "500ms",
-            "--in-flight",
-            "64",
-        ])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn broker");
-    Proc(child)
-}
-
-async fn wait_ready(port: u16, within: Duration) -> Duration {
-    let started = Instant::now();
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    loop {
-        if let Ok(Ok((200, _))) = tokio::time::timeout(Duration::from_secs(1), async {
-            match tokio::net::TcpStream::connect(addr).await {
-                Ok(_) => Ok(http_get(addr, "/readyz").await),
-                Err(e) => Err(e),
-            }
-        })
-        .await
-        {
-            return started.elapsed();
-        }
-        assert!(
-            started.elapsed() < within,
-            "broker not ready within {within:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_and_restart_loses_nothing_and_fires_again_within_seconds() {

@@ -291,10 +291,12 @@ impl Ingest {
         if ops.is_empty() {
             return;
         }
+        crate::failpoint::hit("after-consume");
         for dl in &dead {
             self.dead_letter(dl).await;
         }
         let applied = self.apply(ops).await;
+        crate::failpoint::hit("after-store-write");
         for ((topic, partition), (pid, offset)) in &last {
             if let Err(e) = self.consumer.store_offset(topic, *partition, *offset) {
                 debug!(%topic, partition, error = %e, "offset not stored (partition revoked?)");

@@ -367,6 +367,7 @@ impl Publisher {
             }
         }
         if !finished.is_empty() {
+            crate::failpoint::hit("after-delivery");
             self.remove(finished).await;
         }
         {

@@ -3,6 +3,8 @@
 //! test, a real RocksDB in a TempDir, and the broker started in-process.
 #![allow(dead_code)]
 
+pub mod procs;
+
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -211,7 +213,7 @@ pub fn config(kafka: &Kafka, topics: &Topics, data: &TempDir, extra: &[&str]) ->
     args.extend_from_slice(extra);
     match Cli::try_parse_from(args).expect("flags").command {
         Command::Run(a) => a.validate().expect("valid config"),
-        Command::Sandbox(_) | Command::Replay(_) => unreachable!(),
+        Command::Sandbox(_) | Command::Replay(_) | Command::Verify(_) => unreachable!(),
     }
 }
 

@@ -1,0 +1,368 @@
+//! The verifier: produces a known set of delayed records, consumes the target, and reports what
+//! was lost, duplicated, early or late. `kafka-delay verify` runs it against a live broker; the
+//! reliability tests use [`Tally`] directly.
+//!
+//! Each record carries its identity in the value, `<run>:<n>`, and its planned due time in
+//! `delay-until`; the published copy carries `delay-due-ms` and `delay-fired-ms`.
+
+use std::time::{Duration, Instant};
+
+use clap::Args;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Header as KHeader, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+
+use crate::config::{parse_kafka_prop, ConfigError, KafkaProp};
+use crate::record::names;
+
+/// What arrived for one planned record.
+#[derive(Debug, Clone, Copy, Default)]
+struct Seen {
+    count: u32,
+    first_fired_ms: u64,
+}
+
+/// Counts published records against a plan of `n` records due at `due_of(i)`.
+#[derive(Debug, Clone)]
+pub struct Tally {
+    run: String,
+    due: Vec<u64>,
+    seen: Vec<Seen>,
+    early: Vec<(u64, u64)>,
+    lateness_ms: Vec<u64>,
+    foreign: u64,
+}
+
+/// The verdict.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Report {
+    /// Records planned.
+    pub planned: u64,
+    /// Distinct records received.
+    pub received: u64,
+    /// Planned records never received.
+    pub lost: u64,
+    /// Extra copies received (at-least-once after a crash).
+    pub duplicates: u64,
+    /// Records fired before their due time.
+    pub early: u64,
+    /// Fired minus due, over first copies: p50, p99, p99.9, max (ms).
+    pub lateness_ms: [u64; 4],
+    /// The first few lost record numbers.
+    pub lost_sample: Vec<u64>,
+}
+
+impl Tally {
+    /// A tally for run `run` of `dues.len()` records due at `dues[i]`.
+    pub fn new(run: &str, dues: Vec<u64>) -> Self {
+        let n = dues.len();
+        Self {
+            run: run.to_owned(),
+            due: dues,
+            seen: vec![Seen::default(); n],
+            early: Vec::new(),
+            lateness_ms: Vec::with_capacity(n),
+            foreign: 0,
+        }
+    }
+
+    /// The value of record `i` of this run.
+    pub fn value(&self, i: usize) -> String {
+        format!("{}:{i}", self.run)
+    }
+
+    /// Counts one published record; records of other runs are ignored.
+    pub fn observe(
+        &mut self,
+        value: Option<&[u8]>,
+        headers: Option<&rdkafka::message::BorrowedHeaders>,
+    ) {
+        let n = value
+            .and_then(|v| std::str::from_utf8(v).ok())
+            .and_then(|v| v.strip_prefix(&self.run))
+            .and_then(|v| v.strip_prefix(':'))
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|n| *n < self.due.len());
+        let Some(n) = n else {
+            self.foreign += 1;
+            return;
+        };
+        let header = |name: &str| -> Option<u64> {
+            headers?
+                .iter()
+                .find(|h| h.key == name)
+                .and_then(|h| h.value)
+                .and_then(|v| std::str::from_utf8(v).ok())
+                .and_then(|v| v.parse().ok())
+        };
+        let fired = header(names::FIRED_MS).unwrap_or(0);
+        self.record(n, fired);
+    }
+
+    /// Counts record `n` fired at `fired_ms`.
+    pub fn record(&mut self, n: usize, fired_ms: u64) {
+        let due = self.due[n];
+        let s = &mut self.seen[n];
+        s.count += 1;
+        if s.count == 1 {
+            s.first_fired_ms = fired_ms;
+            self.lateness_ms.push(fired_ms.saturating_sub(due));
+        }
+        if fired_ms < due {
+            self.early.push((n as u64, due - fired_ms));
+        }
+    }
+
+    /// Whether every planned record arrived at least once.
+    pub fn complete(&self) -> bool {
+        self.seen.iter().all(|s| s.count > 0)
+    }
+
+    /// The verdict so far.
+    pub fn report(&self) -> Report {
+        let lost: Vec<u64> = (0..self.seen.len() as u64)
+            .filter(|i| self.seen[*i as usize].count == 0)
+            .collect();
+        let mut late = self.lateness_ms.clone();
+        late.sort_unstable();
+        let pct = |p: f64| -> u64 {
+            if late.is_empty() {
+                return 0;
+            }
+            late[((late.len() as f64 * p).ceil() as usize).clamp(1, late.len()) - 1]
+        };
+        Report {
+            planned: self.seen.len() as u64,
+            received: self.seen.iter().filter(|s| s.count > 0).count() as u64,
+            lost: lost.len() as u64,
+            duplicates: self
+                .seen
+                .iter()
+                .map(|s| u64::from(s.count.saturating_sub(1)))
+                .sum(),
+            early: self.early.len() as u64,
+            lateness_ms: [
+                pct(0.5),
+                pct(0.99),
+                pct(0.999),
+                late.last().copied().unwrap_or(0),
+            ],
+            lost_sample: lost.into_iter().take(10).collect(),
+        }
+    }
+}
+
+impl std::fmt::Display for Report {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        writeln!(
+            f,
+            "| planned | received | lost | duplicates | early | late p50 | p99 | p99.9 | max |"
+        )?;
+        writeln!(f, "|---|---|---|---|---|---|---|---|---|")?;
+        let [p50, p99, p999, max] = self.lateness_ms;
+        write!(
+            f,
+            "| {} | {} | {} | {} | {} | {p50} ms | {p99} ms | {p999} ms | {max} ms |",
+            self.planned, self.received, self.lost, self.duplicates, self.early
+        )
+    }
+}
+
+/// Flags of `kafka-delay verify`.
+#[derive(Debug, Args, Clone)]
+pub struct VerifyArgs {
+    /// Kafka bootstrap servers.
+    #[arg(long, env = "KAFKA_DELAY_BROKERS")]
+    pub brokers: String,
+    /// Delay topic to produce to (kafka-delay must consume it).
+    #[arg(long, default_value = "delay.verify")]
+    pub delay_topic: String,
+    /// Target topic (must exist).
+    #[arg(long, default_value = "verify")]
+    pub target: String,
+    /// Records to produce.
+    #[arg(long, default_value_t = 10_000)]
+    pub count: usize,
+    /// Due times are spread evenly over this window, starting `--lead` from now.
+    #[arg(long, default_value = "30s")]
+    pub window: String,
+    /// How far ahead the first record is due.
+    #[arg(long, default_value = "5s")]
+    pub lead: String,
+    /// How long after the last due time to wait for stragglers.
+    #[arg(long, default_value = "30s")]
+    pub grace: String,
+    /// librdkafka property for both clients, KEY=VALUE (repeatable).
+    #[arg(long = "kafka-config", value_parser = parse_kafka_prop)]
+    pub kafka_config: Vec<KafkaProp>,
+}
+
+/// Runs the verifier: produce, consume until complete or the grace ends, report.
+///
+/// # Errors
+/// A bad flag, or a client that cannot be created or cannot produce.
+pub async fn run(args: &VerifyArgs) -> Result<Report, ConfigError> {
+    let dur = |flag: &str, v: &str| {
+        crate::record::time::parse_duration_ms(v).map_err(|e| ConfigError(format!("{flag}: {e}")))
+    };
+    let (window, lead, grace) = (
+        dur("--window", &args.window)?,
+        dur("--lead", &args.lead)?,
+        dur("--grace", &args.grace)?,
+    );
+    if args.count == 0 {
+        return Err(ConfigError("--count must be at least 1".into()));
+    }
+    let fail = |what: &str, e: rdkafka::error::KafkaError| ConfigError(format!("{what}: {e}"));
+    let mut base = ClientConfig::new();
+    base.set("bootstrap.servers", &args.brokers);
+    for p in &args.kafka_config {
+        base.set(&p.key, &p.value);
+    }
+    let consumer: StreamConsumer = base
+        .clone()
+        .set("group.id", "kafka-delay-verify")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "50")
+        .create()
+        .map_err(|e| fail("consumer", e))?;
+    let md = consumer
+        .fetch_metadata(Some(&args.target), Duration::from_secs(10))
+        .map_err(|e| fail("metadata", e))?;
+    let partitions: Vec<i32> = md
+        .topics()
+        .iter()
+        .filter(|t| t.name() == args.target && t.error().is_none())
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    if partitions.is_empty() {
+        return Err(ConfigError(format!(
+            "target topic '{}' does not exist",
+            args.target
+        )));
+    }
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions {
+        let (_, high) = consumer
+            .fetch_watermarks(&args.target, p, Duration::from_secs(10))
+            .map_err(|e| fail("watermarks", e))?;
+        tpl.add_partition_offset(&args.target, p, Offset::Offset(high))
+            .map_err(|e| fail("assign", e))?;
+    }
+    consumer.assign(&tpl).map_err(|e| fail("assign", e))?;
+    let producer: FutureProducer = base
+        .clone()
+        .set("linger.ms", "5")
+        .create()
+        .map_err(|e| fail("producer", e))?;
+    let start = now_ms() + lead;
+    let n = args.count as u64;
+    let dues: Vec<u64> = (0..n).map(|i| start + i * window / n.max(1)).collect();
+    let run_id = format!("v{}", now_ms());
+    let mut tally = Tally::new(&run_id, dues.clone());
+    let mut pending = Vec::new();
+    for (i, due) in dues.iter().enumerate() {
+        let headers = OwnedHeaders::new()
+            .insert(KHeader {
+                key: names::TARGET,
+                value: Some(args.target.as_bytes()),
+            })
+            .insert(KHeader {
+                key: names::UNTIL,
+                value: Some(due.to_string().as_bytes()),
+            });
+        let value = tally.value(i);
+        let key = format!("k{i}");
+        let rec = FutureRecord::to(&args.delay_topic)
+            .key(&key)
+            .payload(&value)
+            .headers(headers);
+        let mut rec = rec;
+        let delivery = loop {
+            match producer.send_result(rec) {
+                Ok(d) => break d,
+                Err((e, back))
+                    if e.rdkafka_error_code()
+                        == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
+                {
+                    rec = back;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err((e, _)) => return Err(fail("produce", e)),
+            }
+        };
+        pending.push(delivery);
+        if pending.len() >= 1_000 {
+            for f in pending.drain(..) {
+                delivered(f).await.map_err(|e| fail("produce", e))?;
+            }
+        }
+    }
+    for f in pending {
+        delivered(f).await.map_err(|e| fail("produce", e))?;
+    }
+    let deadline = Instant::now()
+        + Duration::from_millis(start + window + grace - now_ms().min(start + window + grace));
+    while !tally.complete() {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, consumer.recv()).await {
+            Ok(Ok(m)) => tally.observe(m.payload(), m.headers()),
+            Ok(Err(e)) => return Err(fail("consume", e)),
+            Err(_) => break,
+        }
+    }
+    // A little longer, to see duplicates that follow the last first copy.
+    let settle = Instant::now() + Duration::from_secs(2);
+    while let Ok(Ok(m)) = tokio::time::timeout(
+        settle.saturating_duration_since(Instant::now()),
+        consumer.recv(),
+    )
+    .await
+    {
+        tally.observe(m.payload(), m.headers());
+    }
+    Ok(tally.report())
+}
+
+async fn delivered(f: rdkafka::producer::DeliveryFuture) -> Result<(), rdkafka::error::KafkaError> {
+    match f.await {
+        Ok(Ok(_)) => Ok(()),
+        Ok(Err((e, _))) => Err(e),
+        Err(_) => Err(rdkafka::error::KafkaError::Canceled),
+    }
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_report_counts_lost_duplicates_early_and_lateness() {
+        let mut t = Tally::new("r", vec![100, 200, 300, 400]);
+        t.record(0, 100);
+        t.record(1, 205);
+        t.record(1, 260); // a duplicate
+        t.record(2, 290); // early
+        let r = t.report();
+        assert!(!t.complete());
+        assert_eq!(
+            (r.planned, r.received, r.lost, r.duplicates, r.early),
+            (4, 3, 1, 1, 1)
+        );
+        assert_eq!(r.lost_sample, vec![3]);
+        assert_eq!(r.lateness_ms, [0, 5, 5, 5]);
+        assert!(r.to_string().contains("| 4 | 3 | 1 | 1 | 1 |"));
+        assert_eq!(t.value(3), "r:3");
+        t.observe(Some(b"other:1"), None);
+        t.observe(Some(b"r:3"), None);
+        assert!(t.complete());
+    }
+}

@@ -1,0 +1,123 @@
+//! Running the `kafka-delay` binary: a sandbox Kafka in its own process, brokers that can be
+//! killed with SIGKILL and restarted.
+#![allow(dead_code)]
+
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+use super::{http_get, Topics};
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_kafka-delay");
+
+pub struct Proc(pub Child);
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Starts a process that prints `bootstrap.servers=...` and returns it with the address.
+pub fn spawn_announcing(args: &[&str]) -> (Proc, String) {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn kafka-delay");
+    let stdout = child.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut lines = BufReader::new(stdout).lines();
+        if let Some(Ok(line)) = lines.next() {
+            let _ = tx.send(line);
+        }
+        for _ in lines {}
+    });
+    let line = rx
+        .recv_timeout(Duration::from_secs(60))
+        .expect("bootstrap line within 60s");
+    let addr = line
+        .strip_prefix("bootstrap.servers=")
+        .expect("bootstrap.servers= line")
+        .to_owned();
+    assert!(addr.starts_with("127.0.0.1:"), "{addr}");
+    (Proc(child), addr)
+}
+
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+pub fn spawn_broker(brokers: &str, t: &Topics, data: &TempDir, http_port: u16) -> Proc {
+    spawn_broker_with(brokers, t, data, http_port, &[])
+}
+
+/// [`spawn_broker`] with extra environment variables (a failpoint, say).
+pub fn spawn_broker_with(
+    brokers: &str,
+    t: &Topics,
+    data: &TempDir,
+    http_port: u16,
+    env: &[(&str, &str)],
+) -> Proc {
+    let http = format!("127.0.0.1:{http_port}");
+    let child = Command::new(BIN)
+        .envs(env.iter().copied())
+        .args([
+            "run",
+            "--brokers",
+            brokers,
+            "--data-dir",
+            data.path().to_str().unwrap(),
+            "--http-addr",
+            &http,
+            "--group-id",
+            &format!("g-{}", t.id),
+            "--instance-id",
+            &format!("i-{}", t.id),
+            "--source-pattern",
+            &t.pattern,
+            "--dead-letter-topic",
+            &t.dlt,
+            "--topic-refresh",
+            "500ms",
+            "--in-flight",
+            "64",
+        ])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn broker");
+    Proc(child)
+}
+
+pub async fn wait_ready(port: u16, within: Duration) -> Duration {
+    let started = Instant::now();
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    loop {
+        if let Ok(Ok((200, _))) = tokio::time::timeout(Duration::from_secs(1), async {
+            match tokio::net::TcpStream::connect(addr).await {
+                Ok(_) => Ok(http_get(addr, "/readyz").await),
+                Err(e) => Err(e),
+            }
+        })
+        .await
+        {
+            return started.elapsed();
+        }
+        assert!(
+            started.elapsed() < within,
+            "broker not ready within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
