@@ -176,7 +176,13 @@ pub async fn start(
         clock,
         metrics: metrics.clone(),
         scheduler: insert_tx,
-        dead,
+        // Its own producer: dead letters of bad input are acknowledged without waiting behind
+        // the deliveries in flight on the fire side.
+        dead: DeadLetters::new(
+            kafka::producer(&config)?,
+            config.dead_letter_topic.clone(),
+            metrics.clone(),
+        ),
         next_offsets,
         store_healthy: health.store_healthy.clone(),
         dead_letter_topics: ingest::TopicCreator::new(Arc::new(config.clone()), producer.clone()),

@@ -292,8 +292,8 @@ impl Ingest {
             return;
         }
         crate::failpoint::hit("after-consume");
-        for dl in &dead {
-            self.dead_letter(dl).await;
+        if !dead.is_empty() {
+            self.dead_letters(&dead).await;
         }
         let applied = self.apply(ops).await;
         crate::failpoint::hit("after-store-write");
@@ -325,13 +325,8 @@ impl Ingest {
         }
     }
 
-    async fn dead_letter(&self, dl: &DeadLetter) {
-        let mut delay = Duration::from_secs(1);
-        while let Err(e) = self.dead.deliver(dl, Duration::from_secs(60)).await {
-            error!(error = %e, "cannot write a dead letter; consumption paused until it succeeds");
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(30));
-        }
+    async fn dead_letters(&self, dead: &[DeadLetter]) {
+        self.dead.deliver_all(dead, Duration::from_secs(60)).await;
     }
 
     async fn apply(&self, ops: Vec<IngestOp>) -> crate::store::Applied {

@@ -82,6 +82,28 @@ impl std::fmt::Debug for DeadLetters {
     }
 }
 
+/// The headers of a dead letter: the record's own, then the reason and the origin.
+fn dead_letter_headers(dl: &DeadLetter) -> Vec<Header> {
+    let mut headers: Vec<Header> = dl
+        .headers
+        .iter()
+        .filter(|h| !REPLACED.contains(&h.key.as_str()))
+        .cloned()
+        .collect();
+    headers.push(Header::new(names::ERROR, dl.reject.reason.code()));
+    headers.push(Header::new(names::ERROR_DETAIL, dl.reject.detail.as_str()));
+    headers.push(Header::new(names::ORIGIN_TOPIC, dl.origin.topic.as_str()));
+    headers.push(Header::new(
+        names::ORIGIN_PARTITION,
+        dl.origin.partition.to_string(),
+    ));
+    headers.push(Header::new(
+        names::ORIGIN_OFFSET,
+        dl.origin.offset.to_string(),
+    ));
+    headers
+}
+
 impl DeadLetters {
     /// Dead letters go to `topic` through `producer`.
     pub fn new(producer: FutureProducer, topic: String, metrics: Metrics) -> Self {
@@ -97,6 +119,48 @@ impl DeadLetters {
         &self.topic
     }
 
+    /// Writes a group of dead letters, in order, and returns once every one is acknowledged:
+    /// they are queued together (one round trip for the group, not one per record); one that
+    /// fails goes through [`DeadLetters::deliver`] on its own, retried until it is written (the
+    /// caller's offsets wait for it: nothing is lost, ingest pauses).
+    pub async fn deliver_all(&self, dls: &[DeadLetter], max_wait: Duration) {
+        let mut queued = Vec::with_capacity(dls.len());
+        for dl in dls {
+            let headers = headers_to(&dead_letter_headers(dl));
+            let mut rec = FutureRecord::<[u8], [u8]>::to(&self.topic).headers(headers);
+            if let Some(k) = &dl.key {
+                rec = rec.key(k.as_slice());
+            }
+            if let Some(v) = &dl.value {
+                rec = rec.payload(v.as_slice());
+            }
+            queued.push(self.producer.send_result(rec).ok());
+        }
+        let mut failed = Vec::new();
+        for (dl, delivery) in dls.iter().zip(queued) {
+            let ok = match delivery {
+                Some(d) => matches!(d.await, Ok(Ok(_))),
+                None => false,
+            };
+            if ok {
+                self.metrics
+                    .dead_lettered
+                    .with_label_values(&[dl.reject.reason.code()])
+                    .inc();
+            } else {
+                failed.push(dl);
+            }
+        }
+        for dl in failed {
+            let mut pause = Duration::from_secs(1);
+            while let Err(e) = self.deliver(dl, max_wait).await {
+                tracing::error!(error = %e, "cannot write a dead letter; consumption paused until it succeeds");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(30));
+            }
+        }
+    }
+
     /// Writes one dead letter and waits for the acknowledgement, retrying transient failures
     /// with backoff (up to `max_wait` in all).
     ///
@@ -109,23 +173,7 @@ impl DeadLetters {
         max_wait: Duration,
     ) -> Result<(), DeadLetterError> {
         let started = tokio::time::Instant::now();
-        let mut headers: Vec<Header> = dl
-            .headers
-            .iter()
-            .filter(|h| !REPLACED.contains(&h.key.as_str()))
-            .cloned()
-            .collect();
-        headers.push(Header::new(names::ERROR, dl.reject.reason.code()));
-        headers.push(Header::new(names::ERROR_DETAIL, dl.reject.detail.as_str()));
-        headers.push(Header::new(names::ORIGIN_TOPIC, dl.origin.topic.as_str()));
-        headers.push(Header::new(
-            names::ORIGIN_PARTITION,
-            dl.origin.partition.to_string(),
-        ));
-        headers.push(Header::new(
-            names::ORIGIN_OFFSET,
-            dl.origin.offset.to_string(),
-        ));
+        let mut headers = dead_letter_headers(dl);
         let mut value = dl.value.as_deref();
         let mut backoff = Duration::from_millis(100);
         loop {

@@ -57,8 +57,9 @@ pub enum Failure {
     Permanent(Reason),
 }
 
-/// Every error kind [`classify`] returns (the `kind` label of the produce-error metric).
-pub const ERROR_KINDS: [&str; 7] = [
+/// Every error kind [`classify`] returns, and `dead_letter` for a dead letter not written yet
+/// (the `kind` label of the produce-error metric).
+pub const ERROR_KINDS: [&str; 8] = [
     "unknown_topic",
     "authorization",
     "rejected",
@@ -66,6 +67,7 @@ pub const ERROR_KINDS: [&str; 7] = [
     "queue_full",
     "transient",
     "other",
+    "dead_letter",
 ];
 
 /// Classifies a produce error, with a bounded label for metrics.
