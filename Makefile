@@ -8,7 +8,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/kafka-delay/target
 TANSU_VERSION := 0.6.0
 DEBIAN_PACKAGES := build-essential pkg-config libclang-dev clang libssl-dev zlib1g-dev kcat curl python3 prometheus
 
-.PHONY: demo test deps tansu build lint
+.PHONY: demo test deps tansu build lint soak
 
 deps:
 	@missing=""; for p in $(DEBIAN_PACKAGES); do \
@@ -39,3 +39,8 @@ lint: deps
 test: deps tansu
 	cargo test --all-targets --features failpoints
 	bash scripts/test-external.sh
+
+# The long fault runs of RELIABILITY.md: 100 kill -9 cycles, a 120 s Kafka outage, 1M records
+# of bad input. CI runs the bounded versions inside `make test`.
+soak: deps
+	KAFKA_DELAY_SOAK=1 cargo test --features failpoints --test reliability -- --nocapture --test-threads=1

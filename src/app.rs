@@ -186,6 +186,7 @@ pub async fn start(
         next_offsets,
         store_healthy: health.store_healthy.clone(),
         dead_letter_topics: ingest::TopicCreator::new(Arc::new(config.clone()), producer.clone()),
+        stopping: None,
     };
     let ingest = tokio::spawn(ingest.run(stop_ingest_rx));
     health.ready.store(true, Ordering::Relaxed);

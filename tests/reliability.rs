@@ -17,6 +17,9 @@ use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tempfile::TempDir;
 
+/// Header name and value pairs of a generated record.
+type Headers<'a> = Vec<(&'a str, Vec<u8>)>;
+
 fn soak() -> bool {
     std::env::var("KAFKA_DELAY_SOAK").is_ok_and(|v| v == "1")
 }
@@ -376,7 +379,7 @@ async fn a_flood_of_bad_input_is_dead_lettered_exactly_and_valid_records_are_una
     let same = (now_ms() + 4_000).to_string();
     let big = vec![b'v'; 5_000];
     // Each malformed case: headers, and whether the value is the oversized one.
-    let bad: Vec<(Vec<(&str, Vec<u8>)>, bool)> = vec![
+    let bad: Vec<(Headers<'_>, bool)> = vec![
         (vec![("delay-until", due_ok.clone().into())], false),
         (
             vec![
@@ -483,8 +486,7 @@ async fn a_flood_of_bad_input_is_dead_lettered_exactly_and_valid_records_are_una
     let mut pending = Vec::new();
     for i in 0..total {
         // Every third record is malformed; 1 in 10 valid ones are due in the same millisecond.
-        let (headers, oversized, key): (Vec<(&str, Vec<u8>)>, bool, Option<Vec<u8>>) = if i % 3 == 0
-        {
+        let (headers, oversized, key): (Headers<'_>, bool, Option<Vec<u8>>) = if i % 3 == 0 {
             let (h, o) = bad[(i / 3) % bad.len()].clone();
             n_bad += 1;
             (h, o, None)
