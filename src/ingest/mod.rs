@@ -205,8 +205,23 @@ impl Ingest {
             }
             self.process(group).await;
         }
-        match self.consumer.commit_consumer_state(CommitMode::Sync) {
-            Ok(()) => info!("offsets committed"),
+        // Commit exactly what RocksDB holds, for the partitions still assigned: never the
+        // consumer's position, which can be past a group that was fetched but not stored.
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        let assigned = self.consumer.assignment().unwrap_or_default();
+        for (pid, next) in &self.next_offsets {
+            let Some((topic, partition)) = self.store.partition_of(*pid) else {
+                continue;
+            };
+            if assigned.find_partition(&topic, partition).is_some() {
+                let _ = tpl.add_partition_offset(&topic, partition, rdkafka::Offset::Offset(*next));
+            }
+        }
+        if tpl.count() == 0 {
+            return;
+        }
+        match self.consumer.commit(&tpl, CommitMode::Sync) {
+            Ok(()) => info!(partitions = tpl.count(), "offsets committed"),
             Err(e) => debug!(error = %e, "no offsets committed at shutdown"),
         }
     }
