@@ -10,7 +10,7 @@ use rdkafka::message::{Headers, OwnedHeaders};
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{DefaultProducerContext, FutureProducer, Producer};
 
-use crate::config::Config;
+use crate::config::{Config, KafkaProp};
 use crate::record::Header;
 
 /// Errors talking to Kafka at start-up.
@@ -47,10 +47,16 @@ pub enum KafkaSetupError {
 
 /// Properties shared by every client: bootstrap servers and the user's `--kafka-config`.
 pub fn base_config(config: &Config) -> ClientConfig {
+    client_config(&config.brokers, "kafka-delay", &config.kafka_config)
+}
+
+/// A client configuration: bootstrap servers, client id and the user's librdkafka properties
+/// (for the broker and for the `replay` and `verify` commands).
+pub fn client_config(brokers: &str, client_id: &str, props: &[KafkaProp]) -> ClientConfig {
     let mut c = ClientConfig::new();
-    c.set("bootstrap.servers", &config.brokers);
-    c.set("client.id", "kafka-delay");
-    for prop in &config.kafka_config {
+    c.set("bootstrap.servers", brokers);
+    c.set("client.id", client_id);
+    for prop in props {
         c.set(&prop.key, &prop.value);
     }
     c

@@ -15,14 +15,13 @@ use std::collections::{HashMap, VecDeque};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use crate::config::{parse_kafka_prop, ConfigError, KafkaProp};
-use crate::kafka::{headers_from, headers_to};
+use crate::kafka::{client_config, headers_from, headers_to};
 use crate::record::{names, Header};
 use crate::retry::names as retry;
 
@@ -218,12 +217,7 @@ pub async fn run(
     mut progress: impl FnMut(&Summary),
 ) -> Result<Summary, ReplayError> {
     let fail = |m: String| ReplayError(m);
-    let mut base = ClientConfig::new();
-    base.set("bootstrap.servers", &opts.brokers)
-        .set("client.id", "kafka-delay-replay");
-    for p in &opts.kafka_config {
-        base.set(&p.key, &p.value);
-    }
+    let base = client_config(&opts.brokers, "kafka-delay-replay", &opts.kafka_config);
     let consumer: StreamConsumer = base
         .clone()
         .set("group.id", "kafka-delay-replay")

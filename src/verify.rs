@@ -8,7 +8,6 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header as KHeader, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
@@ -216,11 +215,7 @@ pub async fn run(args: &VerifyArgs) -> Result<Report, ConfigError> {
         return Err(ConfigError("--count must be at least 1".into()));
     }
     let fail = |what: &str, e: rdkafka::error::KafkaError| ConfigError(format!("{what}: {e}"));
-    let mut base = ClientConfig::new();
-    base.set("bootstrap.servers", &args.brokers);
-    for p in &args.kafka_config {
-        base.set(&p.key, &p.value);
-    }
+    let base = crate::kafka::client_config(&args.brokers, "kafka-delay-verify", &args.kafka_config);
     let consumer: StreamConsumer = base
         .clone()
         .set("group.id", "kafka-delay-verify")

@@ -151,6 +151,20 @@ pub enum Position {
     At(u64, RecordId),
 }
 
+/// The due time and id of the due-index entry under `iter`.
+fn due_entry_key(iter: &rocksdb::DBRawIterator<'_>) -> Result<(u64, RecordId)> {
+    let key = iter.key().unwrap_or_default();
+    split_due_key(key).ok_or_else(|| StoreError::Corrupt {
+        what: "due",
+        detail: format!("key of {} bytes", key.len()),
+    })
+}
+
+/// The target topic stored with the due-index entry under `iter`.
+fn due_entry_target(iter: &rocksdb::DBRawIterator<'_>) -> String {
+    String::from_utf8_lossy(iter.value().unwrap_or_default()).into_owned()
+}
+
 /// A page of a listing: (due, id, target) triples and where the next page starts.
 pub type Page = (Vec<(u64, RecordId, String)>, Option<Position>);
 
@@ -601,15 +615,8 @@ impl Store {
         iter.seek_to_first();
         let mut count = 0u64;
         while iter.valid() {
-            let key = iter.key().unwrap_or_default();
-            let (due, rid) = split_due_key(key).ok_or_else(|| StoreError::Corrupt {
-                what: "due",
-                detail: format!("key of {} bytes", key.len()),
-            })?;
-            stats.add(
-                &String::from_utf8_lossy(iter.value().unwrap_or_default()),
-                due,
-            );
+            let (due, rid) = due_entry_key(&iter)?;
+            stats.add(&due_entry_target(&iter), due);
             f(due, rid);
             count += 1;
             iter.next();
@@ -641,11 +648,7 @@ impl Store {
         let mut out = Vec::new();
         let mut examined = 0usize;
         while iter.valid() {
-            let key = iter.key().unwrap_or_default();
-            let (due, rid) = split_due_key(key).ok_or_else(|| StoreError::Corrupt {
-                what: "due",
-                detail: format!("key of {} bytes", key.len()),
-            })?;
+            let (due, rid) = due_entry_key(&iter)?;
             if due > until_ms {
                 return Ok((out, None));
             }
@@ -653,7 +656,7 @@ impl Store {
                 return Ok((out, Some(Position::At(due, rid))));
             }
             examined += 1;
-            let target = String::from_utf8_lossy(iter.value().unwrap_or_default()).into_owned();
+            let target = due_entry_target(&iter);
             if keep(due, &target) {
                 out.push((due, rid, target));
             }
