@@ -40,7 +40,10 @@ async fn readyz(State(s): State<AppState>) -> impl IntoResponse {
     if !s.health.ready.load(Ordering::Relaxed) {
         (StatusCode::SERVICE_UNAVAILABLE, "recovering\n")
     } else if !s.health.store_healthy.load(Ordering::Relaxed) {
-        (StatusCode::SERVICE_UNAVAILABLE, "store not writable\n")
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            "store not writable: RocksDB refused a write (disk full?); free space and restart\n",
+        )
     } else {
         (StatusCode::OK, "ready\n")
     }

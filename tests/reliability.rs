@@ -5,6 +5,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::Command;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -676,4 +677,152 @@ async fn secrets_given_to_librdkafka_never_appear_in_logs_or_errors() {
         !text.contains(secret),
         "the password leaked in an error:\n{text}"
     );
+}
+/// A tmpfs of `mb` megabytes, unmounted when dropped (needs root, as CI runs).
+struct SmallDisk {
+    dir: TempDir,
+}
+
+impl SmallDisk {
+    fn mount(mb: u32) -> Self {
+        let dir = TempDir::new().unwrap();
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={mb}m"), "tmpfs"])
+            .arg(dir.path())
+            .output()
+            .expect("mount");
+        assert!(
+            out.status.success(),
+            "mounting a tmpfs for the disk-full test needs root: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        SmallDisk { dir }
+    }
+
+    /// Fills the filesystem with `filler` until it is full.
+    fn fill(&self, filler: &Path) {
+        use std::io::Write;
+        let mut f = std::fs::File::create(filler).unwrap();
+        let chunk = vec![0u8; 64 * 1024];
+        while f.write_all(&chunk).is_ok() {}
+        let _ = f.flush();
+    }
+}
+
+impl Drop for SmallDisk {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(self.dir.path())
+            .status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_pauses_consumption_reports_it_and_a_restart_after_space_returns_loses_nothing()
+{
+    let disk = SmallDisk::mount(64);
+    let kafka = Kafka::start();
+    let t = Topics::new();
+    kafka.create_topic(&t.delay, 1).await;
+    kafka.create_topic(&t.target, 1).await;
+    kafka.create_topic(&t.dlt, 1).await;
+    let data = TempDir::new_in(disk.dir.path()).unwrap();
+    let broker = start(config(&kafka, &t, &data, &["--sync"])).await;
+    let addr = broker.http_addr();
+    let probe = format!("probe-{}", t.id);
+    kafka.create_topic(&probe, 1).await;
+    wait_consuming(&kafka, &t, &probe).await;
+
+    let filler = disk.dir.path().join("filler");
+    disk.fill(&filler);
+    // 400 records: the filesystem is full, so the first write already fails.
+    let n = 400;
+    let (tally, dues) = tally(n, now_ms() + 5_000, 5);
+    collector(&kafka, &t.target, 1, tally.clone());
+    // The mock cluster keeps about 5 MB per partition and deletes older record batches (its
+    // log start offset moves up): 400 records with 16 KB headers lost their first 84 to that
+    // retention before anyone read them. 2 KB keeps the topic far below it.
+    let producer = kafka.producer();
+    let big = "x".repeat(2 * 1024);
+    for (i, due) in dues.iter().enumerate() {
+        let value = format!("{}{}", tally.lock().unwrap().value(i), "");
+        let due = due.to_string();
+        // The identity first, padding after it in a header, so the tally can read the value.
+        produce(
+            &producer,
+            &t.delay,
+            Some(&format!("k{i}")),
+            Some(&value),
+            &[
+                ("delay-target", &t.target),
+                ("delay-until", &due),
+                ("pad", &big),
+            ],
+        )
+        .await;
+    }
+    // The broker notices: not ready, store unhealthy in the metrics.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, body) = http_get(addr, "/readyz").await;
+        if status == 503 {
+            assert!(body.contains("store not writable"), "{body}");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the full disk was not reported on /readyz"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let (_, metrics) = http_get(addr, "/metrics").await;
+    assert_eq!(metric(&metrics, "kafka_delay_store_healthy"), Some(0.0));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let stuck = tally.lock().unwrap().report();
+    eprintln!("disk full: {stuck:?}");
+
+    // Space returns. RocksDB stays read-only after a failed write-ahead-log write (its Resume()
+    // is not exposed by the Rust bindings), so the operator, or the supervisor on the failed
+    // readiness check, restarts the broker: it stops cleanly, and the new one loses nothing.
+    let freed = Instant::now();
+    std::fs::remove_file(&filler).unwrap();
+    tokio::time::timeout(Duration::from_secs(30), broker.shutdown())
+        .await
+        .expect("a broker with a full disk still stops when asked");
+    // No offset was committed past what RocksDB holds: only the probe (offset 0) was stored.
+    {
+        use rdkafka::consumer::{BaseConsumer, Consumer};
+        let group = config(&kafka, &t, &data, &[]).group_id;
+        let c: BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", kafka.brokers())
+            .set("group.id", &group)
+            .create()
+            .unwrap();
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        tpl.add_partition(&t.delay, 0);
+        let committed = c.committed_offsets(tpl, Duration::from_secs(10)).unwrap();
+        let offset = committed.elements()[0].offset();
+        assert_eq!(
+            offset,
+            rdkafka::Offset::Offset(1),
+            "committed past the stored records"
+        );
+    }
+    let broker = start(config(&kafka, &t, &data, &["--sync"])).await;
+    let addr = broker.http_addr();
+    let report = wait_complete(&tally, Duration::from_secs(90)).await;
+    eprintln!(
+        "disk full then freed: {report:?}; complete {:?} after space returned",
+        freed.elapsed()
+    );
+    println!("disk full\n{report}");
+    assert_eq!(
+        report.lost, 0,
+        "lost on a full disk: {:?}",
+        report.lost_sample
+    );
+    assert_eq!(report.early, 0);
+    assert_eq!(http_get(addr, "/readyz").await.0, 200, "ready again");
+    broker.shutdown().await;
 }

@@ -227,6 +227,15 @@ impl Ingest {
     }
 
     async fn process(&mut self, group: Vec<OwnedMessage>) {
+        if let Some(m) = group.first() {
+            debug!(
+                topic = m.topic(),
+                partition = m.partition(),
+                offset = m.offset(),
+                records = group.len(),
+                "group"
+            );
+        }
         let now = self.clock.now_ms();
         let mut ops = Vec::with_capacity(group.len());
         let mut dead = Vec::new();
@@ -236,6 +245,7 @@ impl Ingest {
             let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
             let pid = self.partition_id(topic, partition).await;
             if offset < self.next_offsets.get(&pid).copied().unwrap_or(0) {
+                debug!(%topic, partition, offset, "already stored; skipped");
                 continue; // stored before a crash; Kafka's commit had not caught up
             }
             self.metrics.ingested.with_label_values(&[topic]).inc();
