@@ -26,7 +26,7 @@ use tracing::info;
 use crate::clock::Clock;
 use crate::metrics::Metrics;
 use crate::record::time::{parse_duration_ms, parse_epoch_ms_or_rfc3339};
-use crate::scheduler::Inserts;
+use crate::scheduler::{Inserts, Wake};
 use crate::store::{Position, RecordId, Store, StoredRecord};
 
 /// Routes of the API, as (method, path) in the OpenAPI document's notation.
@@ -195,10 +195,14 @@ impl Admin {
         }
         // The channel is bounded; a full one means the scheduler is behind. The record is in
         // RocksDB with its new due time either way, and is loaded at the next start.
-        if self.scheduler.try_send(entries.clone()).is_err() {
+        if self
+            .scheduler
+            .try_send(Wake::Indexed(entries.clone()))
+            .is_err()
+        {
             let tx = self.scheduler.clone();
             tokio::spawn(async move {
-                let _ = tx.send(entries).await;
+                let _ = tx.send(Wake::Indexed(entries)).await;
             });
         }
     }

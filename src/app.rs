@@ -19,8 +19,8 @@ use crate::kafka::{self, KafkaSetupError};
 use crate::metrics::Metrics;
 use crate::publish::dead_letter::DeadLetters;
 use crate::publish::{Publisher, RetryPolicy};
-use crate::scheduler::Scheduler;
-use crate::store::{RecordId, Store, StoreError, StoreOptions};
+use crate::scheduler::{Scheduler, Wake};
+use crate::store::{Store, StoreError, StoreOptions};
 
 /// Why the broker could not start.
 #[derive(Debug, thiserror::Error)]
@@ -94,7 +94,7 @@ pub async fn start(
             metrics.refresh_from_store(&store, clock.now_ms(), healthy);
         })
     };
-    let (insert_tx, insert_rx) = mpsc::channel::<Vec<(u64, RecordId)>>(1_024);
+    let (insert_tx, insert_rx) = mpsc::channel::<Wake>(1_024);
     let admin = crate::admin::Admin {
         store: store.clone(),
         scheduler: insert_tx.clone(),
@@ -133,7 +133,16 @@ pub async fn start(
     );
 
     let (due_tx, due_rx) = mpsc::channel(64);
-    let scheduler = Scheduler::new(clock.clone(), metrics.clone());
+    // Counts by target and due time first (one scan of the due index), then the wheel reads
+    // what is due within the horizon and reports itself armed.
+    let recovered = recount(&store).await?;
+    let scheduler = Scheduler::new(
+        clock.clone(),
+        metrics.clone(),
+        store.clone(),
+        config.horizon_ms,
+    );
+    let mut armed = scheduler.armed();
     let scheduler = tokio::spawn(scheduler.run(insert_rx, due_tx, stop_rest_rx.clone()));
     let publisher = Publisher {
         store: store.clone(),
@@ -151,7 +160,14 @@ pub async fn start(
     };
     let publisher = tokio::spawn(publisher.run(due_rx, stop_rest_rx));
 
-    let recovered = recover(&store, &insert_tx).await?;
+    let started = Instant::now();
+    let _ = armed.wait_for(|a| *a).await;
+    info!(
+        in_wheel = metrics.wheel_loaded.get(),
+        horizon_ms = config.horizon_ms,
+        seconds = format!("{:.3}", started.elapsed().as_secs_f64()),
+        "timing wheel armed"
+    );
     metrics.recovered.set(recovered as i64);
     metrics.pending.set(store.pending() as i64);
 
@@ -206,19 +222,15 @@ pub async fn start(
     })
 }
 
-/// Loads every pending record from RocksDB into the scheduler, in due order, in chunks.
-async fn recover(
-    store: &Arc<Store>,
-    inserts: &mpsc::Sender<Vec<(u64, RecordId)>>,
-) -> Result<u64, StoreError> {
+/// Counts the pending records in RocksDB by target and due time (one ordered scan of the due
+/// index); the scheduler then reads the ones due within its horizon.
+async fn recount(store: &Arc<Store>) -> Result<u64, StoreError> {
     let started = Instant::now();
     let store = store.clone();
-    let tx = inserts.clone();
     let count = tokio::task::spawn_blocking(move || {
-        let mut chunk = Vec::with_capacity(8_192);
         let mut last_report = Instant::now();
         let mut seen = 0u64;
-        let count = store.scan_due(|due, id| {
+        store.scan_due(|_, _| {
             seen += 1;
             if seen % 65_536 == 0 && last_report.elapsed().as_secs() >= 5 {
                 let secs = started.elapsed().as_secs_f64();
@@ -229,15 +241,7 @@ async fn recover(
                 );
                 last_report = Instant::now();
             }
-            chunk.push((due, id));
-            if chunk.len() == 8_192 {
-                let _ = tx.blocking_send(std::mem::take(&mut chunk));
-            }
-        })?;
-        if !chunk.is_empty() {
-            let _ = tx.blocking_send(chunk);
-        }
-        Ok::<u64, StoreError>(count)
+        })
     })
     .await
     .expect("recovery task")?;

@@ -114,6 +114,11 @@ pub struct RunArgs {
     /// Longest wait between delivery retries (the backoff doubles from 100ms up to this).
     #[arg(long, env = "KAFKA_DELAY_FIRE_BACKOFF_MAX", default_value = "30s")]
     pub fire_backoff_max: String,
+    /// How far ahead the in-memory timing wheel holds pending records; records due later stay
+    /// only in RocksDB and are loaded as time advances. Memory follows the arrival rate times
+    /// this, not the number pending. At least 1s.
+    #[arg(long, env = "KAFKA_DELAY_HORIZON", default_value = "1h")]
+    pub horizon: String,
     /// Regex of the retry topics: a record there is a consumer's retry (attempts counted,
     /// backoff applied). They must also match --source-pattern; created at start when missing.
     #[arg(
@@ -186,6 +191,8 @@ pub struct Config {
     pub fire_max_attempts: u32,
     /// Backoff cap, ms.
     pub fire_backoff_max_ms: u64,
+    /// Horizon of the in-memory wheel, ms.
+    pub horizon_ms: u64,
     /// In-flight deliveries.
     pub in_flight: usize,
     /// New-topic discovery interval, ms.
@@ -326,6 +333,13 @@ impl RunArgs {
             }
         }
         let fire_backoff_max_ms = duration("--fire-backoff-max", &self.fire_backoff_max)?;
+        let horizon_ms = duration("--horizon", &self.horizon)?;
+        if horizon_ms < 1_000 {
+            return fail(format!(
+                "--horizon must be at least 1s (got {}); 1h suits most loads",
+                self.horizon
+            ));
+        }
         let topic_refresh_ms = duration("--topic-refresh", &self.topic_refresh)?;
         if topic_refresh_ms < 100 {
             return fail("--topic-refresh must be at least 100ms".into());
@@ -369,6 +383,7 @@ impl RunArgs {
             sync: self.sync,
             fire_max_attempts: self.fire_max_attempts,
             fire_backoff_max_ms,
+            horizon_ms,
             in_flight: self.in_flight,
             topic_refresh_ms,
             kafka_config: self.kafka_config.clone(),

@@ -39,6 +39,10 @@ pub struct Metrics {
     pub pending: IntGauge,
     /// Entries in the in-memory timing wheel.
     pub wheel_entries: IntGauge,
+    /// Records loaded from RocksDB into the wheel as its horizon advanced (recovery included).
+    pub wheel_loaded: IntCounter,
+    /// The wheel holds every pending record due before this time (epoch seconds).
+    pub wheel_loaded_until: IntGauge,
     /// Fire time minus due time (the wheel's lateness).
     pub fire_lateness: Histogram,
     /// Delivery acknowledgement time minus due time (end to end).
@@ -166,6 +170,20 @@ impl Metrics {
                 IntGauge::new(
                     "kafka_delay_wheel_entries",
                     "Entries in the in-memory timing wheel.",
+                )?,
+            )?,
+            wheel_loaded: reg(
+                registry,
+                IntCounter::new(
+                    "kafka_delay_wheel_loaded_records_total",
+                    "Records loaded from RocksDB's due index into the wheel as its horizon advanced.",
+                )?,
+            )?,
+            wheel_loaded_until: reg(
+                registry,
+                IntGauge::new(
+                    "kafka_delay_wheel_loaded_until_seconds",
+                    "The wheel holds every pending record due before this time (Unix seconds); later ones wait in RocksDB.",
                 )?,
             )?,
             fire_lateness: lateness(

@@ -1,9 +1,18 @@
 //! The scheduler task: the only owner of the timing wheel.
 //!
-//! It waits on three things at once: new pending records (from ingest, from recovery and retries
-//! from publish), the wheel's next deadline, and shutdown. Due records go to the publisher in
-//! batches through a bounded channel; when that channel is full the due entries simply stay in
-//! the wheel and inserts keep being accepted, so firing never blocks ingest.
+//! It waits on three things at once: new pending records (from ingest, from the admin API and
+//! retries from publish), the wheel's next deadline, and shutdown. Due records go to the
+//! publisher in batches through a bounded channel; when that channel is full the due entries
+//! simply stay in the wheel and inserts keep being accepted, so firing never blocks ingest.
+//!
+//! Bounded memory: the wheel holds only records due before `loaded_until`, which is kept about
+//! one horizon ahead of the clock. Records due later stay only in RocksDB's due index and are
+//! loaded in order, a chunk per turn of the loop between firings, when the clock comes within
+//! three quarters of a horizon of `loaded_until`. Memory then follows the arrival rate times the
+//! horizon, not the number pending. `loaded_until` moves to the end of a range *before* the
+//! range is read, so a record written while it is being read is either seen by the read (it was
+//! written first) or arrives as an insert below `loaded_until` and is held: never neither (a
+//! record seen both ways fires once; the publisher skips the second entry).
 //!
 //! Never early: an entry leaves only when the wall clock reads at least its due time. If the
 //! clock went backwards after the wheel advanced, entries the wheel already found due are held
@@ -16,16 +25,21 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::{mpsc, watch};
+use tracing::warn;
 
 use crate::clock::Clock;
 use crate::metrics::Metrics;
-use crate::store::RecordId;
+use crate::store::{RecordId, Store, StoreError};
 use crate::wheel::{Elapsed, Wheel};
 
 /// Most records handed to the publisher in one batch.
 const MAX_BATCH: usize = 512;
 /// Longest sleep, so that a wall clock jumping forwards is noticed within this time.
 const MAX_SLEEP_MS: u64 = 250;
+/// Due-index entries read per turn of the loop while loading (about a millisecond of reading).
+const LOAD_CHUNK: usize = 4_096;
+/// Wait before reading the due index again after a read error.
+const LOAD_RETRY_MS: u64 = 1_000;
 
 /// A record whose time has come.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -36,8 +50,55 @@ pub struct Due {
     pub at_ms: u64,
 }
 
-/// Sends new pending records to the scheduler: `(due_ms, id)`.
-pub type Inserts = mpsc::Sender<Vec<(u64, RecordId)>>;
+/// What the scheduler is sent: `(due_ms, id)` entries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Wake {
+    /// Records whose `(due, id)` is in RocksDB's due index (new, moved or recovered): those due
+    /// at or after the horizon are left there for the loader.
+    Indexed(Vec<(u64, RecordId)>),
+    /// Timers that exist only in memory (delivery retries): always held.
+    Retry(Vec<(u64, RecordId)>),
+}
+
+/// Sends new pending records to the scheduler.
+pub type Inserts = mpsc::Sender<Wake>;
+
+/// Where the scheduler reads pending records from as its horizon advances: RocksDB's due index
+/// in the broker, a model in tests.
+pub trait DueIndex: Send + Sync + std::fmt::Debug + 'static {
+    /// Entries with `from <= (due, id)` and `due < until`, in `(due, id)` order, at most `limit`.
+    ///
+    /// # Errors
+    /// A read failure; the scheduler tries the same range again a second later.
+    fn due_range(
+        &self,
+        from: (u64, RecordId),
+        until: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, RecordId)>, StoreError>;
+}
+
+impl DueIndex for Store {
+    fn due_range(
+        &self,
+        from: (u64, RecordId),
+        until: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, RecordId)>, StoreError> {
+        Store::due_range(self, from, until, limit)
+    }
+}
+
+/// A range of the due index being read into the wheel.
+#[derive(Debug, Clone, Copy)]
+struct Loading {
+    /// The next entry to read.
+    next: (u64, RecordId),
+    /// End of the range (exclusive), already published as `loaded_until`.
+    until: u64,
+    /// Do not read before this time (after a read error).
+    not_before: u64,
+}
 
 /// The scheduler task's state.
 #[derive(Debug)]
@@ -49,21 +110,58 @@ pub struct Scheduler {
     held: BinaryHeap<Reverse<(u64, RecordId)>>,
     clock: Arc<dyn Clock>,
     metrics: Metrics,
+    index: Arc<dyn DueIndex>,
+    /// How far ahead of the clock the wheel holds records.
+    horizon_ms: u64,
+    /// Every pending record due before this time is in the wheel (or being read into it).
+    loaded_until: u64,
+    loading: Option<Loading>,
+    /// Turns true when the first load (recovery up to the horizon) is complete.
+    armed: watch::Sender<bool>,
 }
 
 impl Scheduler {
-    /// A scheduler whose wheel starts at the clock's current time.
-    pub fn new(clock: Arc<dyn Clock>, metrics: Metrics) -> Self {
+    /// A scheduler whose wheel starts at the clock's current time, holding records due within
+    /// `horizon_ms` of the clock and reading the rest from `index` as time goes on. Its first
+    /// turn starts loading everything due before `now + horizon` (recovery).
+    pub fn new(
+        clock: Arc<dyn Clock>,
+        metrics: Metrics,
+        index: Arc<dyn DueIndex>,
+        horizon_ms: u64,
+    ) -> Self {
         Self {
             wheel: Wheel::new(clock.now_ms()),
             ready: VecDeque::new(),
             held: BinaryHeap::new(),
             clock,
             metrics,
+            index,
+            horizon_ms: horizon_ms.max(4),
+            loaded_until: 0,
+            loading: None,
+            armed: watch::channel(false).0,
         }
     }
 
-    fn insert(&mut self, entries: Vec<(u64, RecordId)>) {
+    /// Turns true once everything due within the horizon at start has been read into the wheel.
+    pub fn armed(&self) -> watch::Receiver<bool> {
+        self.armed.subscribe()
+    }
+
+    /// Entries the scheduler is told about: indexed ones beyond `loaded_until` are left to the
+    /// loader (they are in RocksDB), everything else is held.
+    fn wake(&mut self, wake: Wake) {
+        match wake {
+            Wake::Indexed(entries) => {
+                let until = self.loaded_until;
+                self.hold(entries.into_iter().filter(|&(due, _)| due < until));
+            }
+            Wake::Retry(entries) => self.hold(entries.into_iter()),
+        }
+    }
+
+    fn hold(&mut self, entries: impl Iterator<Item = (u64, RecordId)>) {
         let now = self.clock.now_ms();
         for (due, id) in entries {
             match self.wheel.insert(due, id.0) {
@@ -72,6 +170,66 @@ impl Scheduler {
                 Err(Elapsed { due, .. }) => self.held.push(Reverse((due, id))),
             }
         }
+    }
+
+    /// Whether the clock has come within three quarters of a horizon of `loaded_until` (and no
+    /// range is being read).
+    fn load_needed(&self, now: u64) -> bool {
+        self.loading.is_none()
+            && self.loaded_until.saturating_add(self.horizon_ms / 4)
+                <= now.saturating_add(self.horizon_ms)
+    }
+
+    /// Starts reading `[loaded_until, now + horizon)`, publishing the new `loaded_until` first.
+    fn start_load(&mut self, now: u64) {
+        let target = now.saturating_add(self.horizon_ms);
+        self.loading = Some(Loading {
+            next: (self.loaded_until, RecordId(0)),
+            until: target,
+            not_before: 0,
+        });
+        self.loaded_until = target;
+        self.metrics
+            .wheel_loaded_until
+            .set((target / 1_000).min(i64::MAX as u64) as i64);
+    }
+
+    /// Reads one chunk of the range being loaded into the wheel.
+    fn load_chunk(&mut self, now: u64) {
+        let Some(mut l) = self.loading else { return };
+        if now < l.not_before {
+            return;
+        }
+        match self.index.due_range(l.next, l.until, LOAD_CHUNK) {
+            Ok(entries) => {
+                let done = entries.len() < LOAD_CHUNK;
+                if let Some(&(due, id)) = entries.last() {
+                    l.next = match id.0.checked_add(1) {
+                        Some(next) => (due, RecordId(next)),
+                        None => (due + 1, RecordId(0)),
+                    };
+                }
+                self.metrics.wheel_loaded.inc_by(entries.len() as u64);
+                self.hold(entries.into_iter());
+                if done {
+                    self.loading = None;
+                    self.armed.send_replace(true);
+                } else {
+                    self.loading = Some(l);
+                }
+            }
+            Err(e) => {
+                warn!(error = %e, from = l.next.0, until = l.until,
+                      "cannot read pending records from RocksDB; trying again");
+                l.not_before = now + LOAD_RETRY_MS;
+                self.loading = Some(l);
+            }
+        }
+    }
+
+    /// Whether a load is waiting to read its next chunk now.
+    fn loading_now(&self, now: u64) -> bool {
+        self.loading.is_some_and(|l| now >= l.not_before)
     }
 
     /// Moves due entries into `batch`, at most up to [`MAX_BATCH`]: held entries the clock has
@@ -125,13 +283,21 @@ impl Scheduler {
     /// Runs until `shutdown` turns true or a channel closes.
     pub async fn run(
         mut self,
-        mut inserts: mpsc::Receiver<Vec<(u64, RecordId)>>,
+        mut inserts: mpsc::Receiver<Wake>,
         out: mpsc::Sender<Vec<Due>>,
         mut shutdown: watch::Receiver<bool>,
     ) {
         let mut batch: Vec<Due> = Vec::new();
         loop {
             let now = self.clock.now_ms();
+            if self.load_needed(now) {
+                // Inserts sent before the range is read are taken under the old bound (the
+                // read finds the ones beyond it), so that a record is not held twice.
+                while let Ok(wake) = inserts.try_recv() {
+                    self.wake(wake);
+                }
+                self.start_load(now);
+            }
             if batch.len() < MAX_BATCH {
                 self.collect(now, &mut batch);
             }
@@ -143,14 +309,20 @@ impl Scheduler {
                     Err(mpsc::error::TrySendError::Closed(_)) => return,
                 }
             }
-            let sleep_ms = self.next_wake().map_or(MAX_SLEEP_MS, |w| {
-                w.saturating_sub(now).clamp(1, MAX_SLEEP_MS)
-            });
+            // One chunk of loading per turn, after firing what is due.
+            self.load_chunk(now);
+            let sleep_ms = if self.loading_now(now) {
+                0
+            } else {
+                self.next_wake().map_or(MAX_SLEEP_MS, |w| {
+                    w.saturating_sub(now).clamp(1, MAX_SLEEP_MS)
+                })
+            };
             tokio::select! {
                 biased;
                 _ = shutdown.changed() => return,
                 msg = inserts.recv() => match msg {
-                    Some(entries) => self.insert(entries),
+                    Some(wake) => self.wake(wake),
                     None => return,
                 },
                 permit = out.reserve(), if !batch.is_empty() => match permit {
@@ -175,13 +347,53 @@ mod tests {
         clock: ManualClock,
         inserts: Inserts,
         out: mpsc::Receiver<Vec<Due>>,
+        index: Arc<Model>,
         _shutdown: watch::Sender<bool>,
     }
 
+    /// What ingest does: writes the records to the due index, then tells the scheduler.
+    async fn send(
+        h: &Harness,
+        entries: Vec<(u64, RecordId)>,
+    ) -> Result<(), mpsc::error::SendError<Wake>> {
+        h.index
+            .0
+            .lock()
+            .unwrap()
+            .extend(entries.iter().map(|&(d, id)| (d, id.0)));
+        h.inserts.send(Wake::Indexed(entries)).await
+    }
+
+    /// RocksDB's due index, as a model.
+    #[derive(Debug, Default)]
+    struct Model(std::sync::Mutex<std::collections::BTreeSet<(u64, u64)>>);
+
+    impl DueIndex for Model {
+        fn due_range(
+            &self,
+            from: (u64, RecordId),
+            until: u64,
+            limit: usize,
+        ) -> Result<Vec<(u64, RecordId)>, StoreError> {
+            Ok(self
+                .0
+                .lock()
+                .unwrap()
+                .range((from.0, from.1 .0)..(until, 0))
+                .take(limit)
+                .map(|&(d, id)| (d, RecordId(id)))
+                .collect())
+        }
+    }
+
     fn start(out_capacity: usize) -> Harness {
+        start_with(out_capacity, Arc::new(Model::default()), 86_400_000)
+    }
+
+    fn start_with(out_capacity: usize, index: Arc<Model>, horizon_ms: u64) -> Harness {
         let clock = ManualClock::new(T0);
         let metrics = Metrics::new(&Registry::new()).unwrap();
-        let scheduler = Scheduler::new(Arc::new(clock.clone()), metrics);
+        let scheduler = Scheduler::new(Arc::new(clock.clone()), metrics, index.clone(), horizon_ms);
         let (tx, rx) = mpsc::channel(16);
         let (out_tx, out_rx) = mpsc::channel(out_capacity);
         let (stop_tx, stop_rx) = watch::channel(false);
@@ -190,6 +402,7 @@ mod tests {
             clock,
             inserts: tx,
             out: out_rx,
+            index,
             _shutdown: stop_tx,
         }
     }
@@ -214,8 +427,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn fires_when_the_clock_reaches_the_due_time_and_not_before() {
         let mut h = start(8);
-        h.inserts
-            .send(vec![(T0 + 5_000, rid(1)), (T0 + 1_000, rid(2))])
+        send(&h, vec![(T0 + 5_000, rid(1)), (T0 + 1_000, rid(2))])
             .await
             .unwrap();
         settle().await;
@@ -246,8 +458,7 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn overdue_records_fire_at_once_in_order() {
         let mut h = start(8);
-        h.inserts
-            .send((0..10).map(|i| (T0 - 1_000 + i, rid(i))).collect())
+        send(&h, (0..10).map(|i| (T0 - 1_000 + i, rid(i))).collect())
             .await
             .unwrap();
         settle().await;
@@ -258,12 +469,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_clock_jumping_back_an_hour_never_fires_early() {
         let mut h = start(8);
-        h.inserts.send(vec![(T0 + 2_000, rid(1))]).await.unwrap();
+        send(&h, vec![(T0 + 2_000, rid(1))]).await.unwrap();
         h.clock.set(T0 + 1_500);
         settle().await;
         h.clock.set(T0 + 1_500 - 3_600_000);
         // An insert that the wheel considers elapsed but that is ahead of the clock now.
-        h.inserts.send(vec![(T0 + 1_000, rid(2))]).await.unwrap();
+        send(&h, vec![(T0 + 1_000, rid(2))]).await.unwrap();
         settle().await;
         assert!(drain(&mut h).is_empty());
         h.clock.set(T0 + 1_000);
@@ -289,10 +500,12 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_clock_jumping_forward_fires_what_became_due_and_keeps_the_rest() {
         let mut h = start(64);
-        h.inserts
-            .send((0..2_000).map(|i| (T0 + 1 + i * 1_000, rid(i))).collect())
-            .await
-            .unwrap();
+        send(
+            &h,
+            (0..2_000).map(|i| (T0 + 1 + i * 1_000, rid(i))).collect(),
+        )
+        .await
+        .unwrap();
         settle().await;
         h.clock.set(T0 + 1_000_000);
         settle().await;
@@ -306,8 +519,7 @@ mod tests {
     async fn a_full_publisher_does_not_block_inserts_or_lose_entries() {
         let mut h = start(1);
         // 3,000 due records: more than one batch, with room for only one batch in the channel.
-        h.inserts
-            .send((0..3_000).map(|i| (T0 - 1, rid(i))).collect())
+        send(&h, (0..3_000).map(|i| (T0 - 1, rid(i))).collect())
             .await
             .unwrap();
         settle().await;
@@ -315,7 +527,7 @@ mod tests {
         for i in 0..32 {
             tokio::time::timeout(
                 Duration::from_secs(1),
-                h.inserts.send(vec![(T0 + 50, rid(10_000 + i))]),
+                send(&h, vec![(T0 + 50, rid(10_000 + i))]),
             )
             .await
             .expect("insert accepted")
@@ -335,5 +547,134 @@ mod tests {
         ids.sort_unstable();
         ids.dedup();
         assert_eq!(ids.len(), 3_032);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn records_beyond_the_horizon_wait_in_the_index_and_fire_on_time() {
+        let index = Arc::new(Model::default());
+        let horizon = 10_000;
+        // Recovery: one record inside the horizon, one far beyond it.
+        index
+            .0
+            .lock()
+            .unwrap()
+            .extend([(T0 + 5_000, 1), (T0 + 60_000, 2)]);
+        let mut h = start_with(8, index.clone(), horizon);
+        // A new record beyond the horizon.
+        send(&h, vec![(T0 + 30_000, rid(3))]).await.unwrap();
+        settle().await;
+        let mut fired = Vec::new();
+        let mut t = T0;
+        while t <= T0 + 70_000 {
+            h.clock.set(t);
+            settle().await;
+            for d in drain(&mut h) {
+                assert!(d.at_ms <= t, "fired {} ms early", d.at_ms - t);
+                assert!(t - d.at_ms < 100, "fired {} ms late", t - d.at_ms);
+                index.0.lock().unwrap().remove(&(d.at_ms, d.id.0));
+                fired.push(d.id.0);
+            }
+            t += 100;
+        }
+        assert_eq!(fired, vec![1, 3, 2]);
+    }
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A new record due this many ms after the current time (may be in the past).
+        Add(i64),
+        /// The clock moves forward this many ms.
+        Advance(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            3 => (-500i64..20_000).prop_map(Op::Add),
+            2 => (0u64..3_000).prop_map(Op::Advance),
+        ]
+    }
+
+    use proptest::prelude::*;
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+        /// Against a model of the due index, with a horizon much shorter than the delays: every
+        /// record fires exactly once, never before its due time, and in the first turn after
+        /// it (never late at the horizon boundary); the wheel never holds a record due beyond
+        /// the horizon.
+        #[test]
+        fn the_horizon_never_makes_a_record_early_late_or_lost(
+            recovered in proptest::collection::vec(0u64..20_000, 0..50),
+            ops in proptest::collection::vec(op(), 1..80),
+            horizon in 1_000u64..6_000,
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            rt.block_on(async move {
+                let index = Arc::new(Model::default());
+                let mut next_id = 0u64;
+                let mut due_of = std::collections::HashMap::new();
+                for d in &recovered {
+                    index.0.lock().unwrap().insert((T0 + d, next_id));
+                    due_of.insert(next_id, T0 + d);
+                    next_id += 1;
+                }
+                let registry = Registry::new();
+                let metrics = Metrics::new(&registry).unwrap();
+                let clock = ManualClock::new(T0);
+                let scheduler = Scheduler::new(
+                    Arc::new(clock.clone()), metrics.clone(), index.clone(), horizon);
+                let (tx, rx) = mpsc::channel(16);
+                let (out_tx, mut out) = mpsc::channel(1_024);
+                let (_stop, stop_rx) = watch::channel(false);
+                tokio::spawn(scheduler.run(rx, out_tx, stop_rx));
+                let mut now = T0;
+                let mut fired = std::collections::HashSet::new();
+                let ops = ops.into_iter().chain(std::iter::once(Op::Advance(25_000)));
+                for op in ops {
+                    match op {
+                        Op::Add(delta) => {
+                            let due = now.saturating_add_signed(delta);
+                            index.0.lock().unwrap().insert((due, next_id));
+                            due_of.insert(next_id, due);
+                            tx.send(Wake::Indexed(vec![(due, RecordId(next_id))])).await.unwrap();
+                            next_id += 1;
+                        }
+                        Op::Advance(ms) => {
+                            // In steps, so that lateness is measured per turn.
+                            let end = now + ms;
+                            while now < end {
+                                now = (now + 200).min(end);
+                                clock.set(now);
+                                tokio::time::sleep(Duration::from_millis(MAX_SLEEP_MS * 3)).await;
+                                while let Ok(batch) = out.try_recv() {
+                                    for d in batch {
+                                        let due = due_of[&d.id.0];
+                                        assert_eq!(d.at_ms, due);
+                                        assert!(due <= now, "fired {} ms early", due - now);
+                                        assert!(fired.insert(d.id.0), "{} fired twice", d.id.0);
+                                        // The publisher deletes what it delivered.
+                                        index.0.lock().unwrap().remove(&(due, d.id.0));
+                                    }
+                                }
+                                let late: Vec<_> = index.0.lock().unwrap().iter()
+                                    .filter(|(d, _)| *d <= now).copied().collect();
+                                assert!(late.is_empty(), "due but not fired at {now}: {late:?}");
+                                let within = index.0.lock().unwrap().iter()
+                                    .filter(|(d, _)| *d < now + horizon).count();
+                                let in_wheel = metrics.wheel_entries.get() as usize;
+                                assert!(in_wheel <= within,
+                                    "{in_wheel} in the wheel, only {within} due within the horizon");
+                            }
+                        }
+                    }
+                }
+                assert_eq!(fired.len() as u64, next_id, "every record fired");
+            });
+        }
     }
 }

@@ -35,7 +35,7 @@ use crate::kafka::{base_config, ensure_topic, headers_from, KafkaSetupError};
 use crate::metrics::Metrics;
 use crate::publish::dead_letter::{DeadLetter, DeadLetters, Origin};
 use crate::record::{Command, Contract, Incoming};
-use crate::scheduler::Inserts;
+use crate::scheduler::{Inserts, Wake};
 use crate::store::{IngestOp, Pid, Store};
 
 /// Most records in one group.
@@ -338,7 +338,13 @@ impl Ingest {
         self.metrics.replaced.inc_by(applied.replaced as u64);
         self.metrics.cancelled.inc_by(applied.cancelled as u64);
         self.metrics.pending.set(self.store.pending() as i64);
-        if !applied.inserted.is_empty() && self.scheduler.send(applied.inserted).await.is_err() {
+        if !applied.inserted.is_empty()
+            && self
+                .scheduler
+                .send(Wake::Indexed(applied.inserted))
+                .await
+                .is_err()
+        {
             warn!("scheduler stopped; new records will be loaded from RocksDB at the next start");
         }
     }

@@ -26,7 +26,7 @@ use crate::clock::Clock;
 use crate::kafka::headers_to;
 use crate::metrics::Metrics;
 use crate::record::{names, Header, Reason, Reject};
-use crate::scheduler::{Due, Inserts};
+use crate::scheduler::{Due, Inserts, Wake};
 use crate::store::{RecordId, Store, StoredRecord};
 use dead_letter::{DeadLetter, DeadLetters, Origin};
 
@@ -190,7 +190,7 @@ impl Publisher {
                 let at = self.clock.now_ms() + 1_000;
                 let _ = self
                     .retries
-                    .send(batch.iter().map(|d| (at, d.id)).collect())
+                    .send(Wake::Retry(batch.iter().map(|d| (at, d.id)).collect()))
                     .await;
                 return;
             }
@@ -379,7 +379,7 @@ impl Publisher {
             }
         }
         drop(permits);
-        if !retry.is_empty() && self.retries.send(retry).await.is_err() {
+        if !retry.is_empty() && self.retries.send(Wake::Retry(retry)).await.is_err() {
             info!("scheduler stopped; records awaiting a retry fire again after restart");
         }
         self.metrics.pending.set(self.store.pending() as i64);

@@ -24,10 +24,10 @@ pub mod stats;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
-use rocksdb::{ColumnFamilyDescriptor, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{ColumnFamilyDescriptor, Options, ReadOptions, WriteBatch, WriteOptions, DB};
 
 use crate::record::Schedule;
 use codec::{
@@ -198,6 +198,9 @@ pub struct Store {
     partitions: RwLock<Partitions>,
     /// Records in the `records` column (exact: every change is counted under the mutex).
     pending: AtomicI64,
+    /// No due-index entry lies below this due time (changed under `mutex`): the head seek starts
+    /// here, so it never walks over the tombstones of records already fired.
+    low_water: AtomicU64,
     path: PathBuf,
 }
 
@@ -233,6 +236,7 @@ impl Store {
             mutex: Mutex::new(PendingStats::default()),
             partitions: RwLock::new(Partitions::default()),
             pending: AtomicI64::new(0),
+            low_water: AtomicU64::new(0),
             path: path.to_owned(),
         };
         store.load_partitions()?;
@@ -473,6 +477,7 @@ impl Store {
         self.pending.fetch_add(delta, Ordering::Relaxed);
         for (target, due, added) in counted {
             if added {
+                self.low_water.fetch_min(due, Ordering::Relaxed);
                 stats.add(&target, due);
             } else {
                 stats.remove(&target, due);
@@ -604,7 +609,8 @@ impl Store {
     }
 
     /// Calls `f(due, id)` for every pending record in due-time order (one ordered scan of the
-    /// due index) and returns how many there were. Also sets the pending count.
+    /// due index) and returns how many there were. Also sets the pending count, the counts by
+    /// target and due time, and the low-water mark.
     ///
     /// # Errors
     /// A read failure or a corrupt index key.
@@ -614,8 +620,10 @@ impl Store {
         let mut iter = self.db.raw_iterator_cf(self.cf(CF_DUE));
         iter.seek_to_first();
         let mut count = 0u64;
+        let mut first = None;
         while iter.valid() {
             let (due, rid) = due_entry_key(&iter)?;
+            first.get_or_insert(due);
             stats.add(&due_entry_target(&iter), due);
             f(due, rid);
             count += 1;
@@ -623,6 +631,8 @@ impl Store {
         }
         iter.status().map_err(io("due scan"))?;
         self.pending.store(count as i64, Ordering::Relaxed);
+        self.low_water
+            .store(first.unwrap_or(u64::MAX), Ordering::Relaxed);
         Ok(count)
     }
 
@@ -738,6 +748,7 @@ impl Store {
             .map_err(io("reschedule write"))?;
         stats.remove(&rec.target, old);
         stats.add(&rec.target, due_ms);
+        self.low_water.fetch_min(due_ms, Ordering::Relaxed);
         Ok(Some(old))
     }
 
@@ -774,18 +785,64 @@ impl Store {
             .snapshot(now_ms)
     }
 
-    /// The earliest due time pending (one seek at the head of the due index).
+    /// The earliest due time pending: one seek at the head of the due index, bounded below by
+    /// the low-water mark so that it does not walk over the tombstones of fired records.
     ///
     /// # Errors
     /// A read failure.
     pub fn earliest_due(&self) -> Result<Option<u64>> {
-        let mut iter = self.db.raw_iterator_cf(self.cf(CF_DUE));
+        let _writes = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        let low = self.low_water.load(Ordering::Relaxed);
+        let first = self.first_due_from(low)?;
+        if let Some(due) = first {
+            self.low_water.store(due, Ordering::Relaxed);
+        }
+        Ok(first)
+    }
+
+    /// The first due time at or after `from` (a seek bounded below by `from`).
+    ///
+    /// # Errors
+    /// A read failure.
+    pub fn first_due_from(&self, from: u64) -> Result<Option<u64>> {
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(from.to_be_bytes().to_vec());
+        let mut iter = self.db.raw_iterator_cf_opt(self.cf(CF_DUE), opts);
         iter.seek_to_first();
         if !iter.valid() {
             iter.status().map_err(io("due seek"))?;
             return Ok(None);
         }
         Ok(iter.key().and_then(split_due_key).map(|(due, _)| due))
+    }
+
+    /// Due-index entries from `from` (inclusive) up to due time `until_ms` (exclusive), in
+    /// order, at most `limit`: what the scheduler loads as its horizon advances. The iterator
+    /// is bounded on both sides, so deleted entries outside the range are never visited.
+    ///
+    /// # Errors
+    /// A read failure or a corrupt index key.
+    pub fn due_range(
+        &self,
+        from: (u64, RecordId),
+        until_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, RecordId)>> {
+        let mut out = Vec::new();
+        if from.0 >= until_ms {
+            return Ok(out);
+        }
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(due_key(from.0, from.1).to_vec());
+        opts.set_iterate_upper_bound(until_ms.to_be_bytes().to_vec());
+        let mut iter = self.db.raw_iterator_cf_opt(self.cf(CF_DUE), opts);
+        iter.seek_to_first();
+        while iter.valid() && out.len() < limit {
+            out.push(due_entry_key(&iter)?);
+            iter.next();
+        }
+        iter.status().map_err(io("due range"))?;
+        Ok(out)
     }
 
     /// Records pending, as counted since the last [`Store::scan_due`].
