@@ -33,6 +33,8 @@ pub enum Command {
     Replay(crate::replay::ReplayArgs),
     /// Produce a known set of delayed records and report lost, duplicated, early and late ones.
     Verify(crate::verify::VerifyArgs),
+    /// Benchmarks that need a whole broker (see BENCHMARKS.md).
+    Bench(crate::bench::BenchArgs),
 }
 
 /// Flags of `kafka-delay sandbox`.
@@ -502,7 +504,7 @@ mod tests {
         let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
         match cli.command {
             Command::Run(a) => a.validate().map_err(|e| e.0),
-            Command::Sandbox(_) | Command::Replay(_) | Command::Verify(_) => {
+            Command::Sandbox(_) | Command::Replay(_) | Command::Verify(_) | Command::Bench(_) => {
                 unreachable!("run was parsed")
             }
         }

@@ -8,6 +8,7 @@
 
 pub mod admin;
 pub mod app;
+pub mod bench;
 pub mod client;
 pub mod clock;
 pub mod config;

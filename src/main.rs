@@ -65,6 +65,60 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Bench(args) => match args.what {
+            kafka_delay::bench::BenchCommand::Fill(fill) => match kafka_delay::bench::fill(&fill) {
+                Ok(f) => {
+                    println!(
+                        "filled {} records in {:.1} s ({:.0}/s) into {}",
+                        f.count,
+                        f.seconds,
+                        f.count as f64 / f.seconds,
+                        fill.data_dir.display()
+                    );
+                    ExitCode::SUCCESS
+                }
+                Err(e) => {
+                    eprintln!("kafka-delay: {e}");
+                    ExitCode::from(2)
+                }
+            },
+            kafka_delay::bench::BenchCommand::HeadSeek(a) => {
+                match kafka_delay::bench::head_seek(&a) {
+                    Ok(h) => {
+                        println!("| deleted | head seek, low-water mark | unbounded seek | baseline (store without them) | low-water / baseline | unbounded / baseline |");
+                        println!("|---|---|---|---|---|---|");
+                        println!(
+                            "| {} | {:.0} ns | {:.0} ns | {:.0} ns | {:.2}x | {:.0}x |",
+                            h.deleted,
+                            h.low_water_ns,
+                            h.unbounded_ns,
+                            h.baseline_ns,
+                            h.low_water_ns / h.baseline_ns,
+                            h.unbounded_ns / h.baseline_ns
+                        );
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("kafka-delay: {e}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
+            kafka_delay::bench::BenchCommand::E2e(e2e) => {
+                init_logging(false);
+                let result = runtime().and_then(|rt| {
+                    rt.block_on(kafka_delay::bench::run_e2e(&e2e))
+                        .map_err(|e| anyhow::anyhow!(e))
+                });
+                match result {
+                    Ok(_) => ExitCode::SUCCESS,
+                    Err(e) => {
+                        eprintln!("kafka-delay: {e:#}");
+                        ExitCode::FAILURE
+                    }
+                }
+            }
+        },
         Command::Sandbox(args) => {
             init_logging(false);
             exit(runtime().and_then(|rt| rt.block_on(sandbox(args.brokers))))

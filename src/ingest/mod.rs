@@ -41,15 +41,9 @@ use crate::store::{IngestOp, Pid, Store};
 /// Most records in one group.
 const MAX_GROUP: usize = 512;
 
-/// Creates the consumer and subscribes it to the source pattern.
-///
-/// # Errors
-/// [`KafkaSetupError::Client`] for an invalid property or pattern.
-pub fn consumer(
-    config: &Config,
-    store: Arc<Store>,
-    metrics: Metrics,
-) -> Result<StreamConsumer<IngestContext>, KafkaSetupError> {
+/// The ingest consumer's librdkafka configuration (also what `kafka-delay bench` gives its
+/// passthrough consumer, so that both read Kafka the same way).
+pub fn consumer_config(config: &Config) -> rdkafka::ClientConfig {
     let mut c = base_config(config);
     c.set("group.id", &config.group_id)
         .set("enable.auto.offset.store", "false")
@@ -80,6 +74,19 @@ pub fn consumer(
             c.set(k, v);
         }
     }
+    c
+}
+
+/// Creates the consumer and subscribes it to the source pattern.
+///
+/// # Errors
+/// [`KafkaSetupError::Client`] for an invalid property or pattern.
+pub fn consumer(
+    config: &Config,
+    store: Arc<Store>,
+    metrics: Metrics,
+) -> Result<StreamConsumer<IngestContext>, KafkaSetupError> {
+    let c = consumer_config(config);
     let consumer: StreamConsumer<IngestContext> = c
         .create_with_context(IngestContext { store, metrics })
         .map_err(|source| KafkaSetupError::Client {

@@ -471,3 +471,79 @@ fn listing_pages_through_the_due_index_with_filters_and_a_budget() {
     );
     assert_eq!(store.find_id(b"nope").unwrap(), vec![]);
 }
+
+#[test]
+fn due_ranges_are_bounded_on_both_sides_and_resume_after_the_last_entry() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let pid = store.partition_id("delay.in", 0).unwrap();
+    let ops = (0..10)
+        .map(|i| IngestOp::Schedule {
+            pid,
+            offset: i,
+            schedule: sched(None, 1_000 + (i as u64 / 2) * 100, "v"),
+        })
+        .collect();
+    store.apply(ops).unwrap();
+    let rid = |o| RecordId::new(pid, o).unwrap();
+    // [1_100, 1_300): the four entries due at 1_100 and 1_200, in order.
+    let all = store.due_range((1_100, RecordId(0)), 1_300, 100).unwrap();
+    assert_eq!(
+        all,
+        vec![
+            (1_100, rid(2)),
+            (1_100, rid(3)),
+            (1_200, rid(4)),
+            (1_200, rid(5))
+        ]
+    );
+    // Paged by two: the second page starts right after the last entry of the first.
+    let first = store.due_range((1_100, RecordId(0)), 1_300, 2).unwrap();
+    let (d, r) = first[1];
+    let second = store.due_range((d, RecordId(r.0 + 1)), 1_300, 2).unwrap();
+    assert_eq!([first, second].concat(), all);
+    assert!(store
+        .due_range((1_300, RecordId(0)), 1_300, 10)
+        .unwrap()
+        .is_empty());
+}
+
+#[test]
+fn the_head_seek_skips_fired_records_and_still_sees_a_later_insert_below_the_low_water_mark() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let pid = store.partition_id("delay.in", 0).unwrap();
+    let ops = (0..1_000)
+        .map(|i| IngestOp::Schedule {
+            pid,
+            offset: i,
+            schedule: sched(None, 10_000 + i as u64, "v"),
+        })
+        .collect();
+    let inserted = store.apply(ops).unwrap().inserted;
+    let fired: Vec<(RecordId, StoredRecord)> = inserted[..900]
+        .iter()
+        .map(|&(_, r)| (r, store.get(&[r]).unwrap()[0].clone().unwrap()))
+        .collect();
+    let refs: Vec<(RecordId, &StoredRecord)> = fired.iter().map(|(r, s)| (*r, s)).collect();
+    store.remove_fired(&refs).unwrap();
+    assert_eq!(store.earliest_due().unwrap(), Some(10_900));
+    // The low-water mark is now 10_900; an overdue record arrives below it.
+    store
+        .apply(vec![IngestOp::Schedule {
+            pid,
+            offset: 1_000,
+            schedule: sched(None, 5_000, "late"),
+        }])
+        .unwrap();
+    assert_eq!(store.earliest_due().unwrap(), Some(5_000));
+    let rid = RecordId::new(pid, 1_000).unwrap();
+    store.reschedule(rid, 20_000).unwrap();
+    assert_eq!(store.earliest_due().unwrap(), Some(10_900));
+    store.reschedule(rid, 1_000).unwrap();
+    assert_eq!(
+        store.earliest_due().unwrap(),
+        Some(1_000),
+        "a move below the mark"
+    );
+}

@@ -213,7 +213,7 @@ pub fn config(kafka: &Kafka, topics: &Topics, data: &TempDir, extra: &[&str]) ->
     args.extend_from_slice(extra);
     match Cli::try_parse_from(args).expect("flags").command {
         Command::Run(a) => a.validate().expect("valid config"),
-        Command::Sandbox(_) | Command::Replay(_) | Command::Verify(_) => unreachable!(),
+        _ => unreachable!("run was parsed"),
     }
 }
 

@@ -1,0 +1,559 @@
+//! `kafka-delay bench e2e`: throughput through the broker divided by a passthrough's, and
+//! lateness under load.
+//!
+//! Throughput: for each value size, N records are produced to a topic first; then a plain
+//! passthrough (the ingest consumer's settings, the broker's producer settings, the same
+//! in-flight window) consumes and re-produces them, and the broker (ingest, RocksDB write, wheel,
+//! publish, delete) moves the same number from a delay topic to a target, with `--sync` off and
+//! on. Each rate is records over the time from the first record consumed to the last one
+//! acknowledged (and, for the broker, deleted from RocksDB).
+//!
+//! Lateness: with `--pending` records filled into RocksDB first, records due one second after
+//! they are produced arrive at 70% of the broker's measured rate; the target is consumed and
+//! `delay-fired-ms - delay-due-ms` (the wheel) and arrival minus due are reported, with the
+//! broker's own due-to-acknowledgement histogram.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, Parser};
+use prometheus::core::Metric as _;
+use prometheus::Registry;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::ClientConfig;
+
+use crate::app;
+use crate::clock::{Clock, SystemClock};
+use crate::config::{Cli, Command, Config};
+use crate::kafka::{self, Embedded};
+
+/// Flags of `kafka-delay bench e2e`.
+#[derive(Debug, Args)]
+pub struct E2eArgs {
+    /// Kafka bootstrap servers; without it an embedded cluster (librdkafka's mock) is started.
+    #[arg(long)]
+    pub brokers: Option<String>,
+    /// Records per throughput run (fewer for large values, so that each partition of the
+    /// embedded cluster stays under the ~5 MB it keeps).
+    #[arg(long, default_value_t = 200_000)]
+    pub records: u64,
+    /// Value sizes to measure, bytes, comma-separated.
+    #[arg(long, default_value = "100,1024")]
+    pub value_bytes: String,
+    /// Partitions of every topic.
+    #[arg(long, default_value_t = 32)]
+    pub partitions: i32,
+    /// Records pending in RocksDB (due in 30 days) during the lateness run.
+    #[arg(long, default_value_t = 1_000_000)]
+    pub pending: u64,
+    /// How long records arrive in the lateness run.
+    #[arg(long, default_value = "20s")]
+    pub lateness_for: String,
+    /// Fraction of the measured broker rate the lateness run produces at.
+    #[arg(long, default_value_t = 0.7)]
+    pub load: f64,
+    /// Where to write the results as JSON.
+    #[arg(long, default_value = "bench-e2e.json")]
+    pub json: PathBuf,
+}
+
+/// One throughput row.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Throughput {
+    /// Value size, bytes.
+    pub value_bytes: usize,
+    /// Records moved.
+    pub records: u64,
+    /// Passthrough records per second.
+    pub passthrough_per_s: f64,
+    /// Broker records per second, sync off.
+    pub broker_per_s: f64,
+    /// Broker records per second, sync on (group commit).
+    pub broker_sync_per_s: f64,
+    /// Records per second a consumer with the ingest settings reads, doing nothing else (what
+    /// re-consuming pending records from Kafka would cost instead of recovering from RocksDB).
+    pub consume_only_per_s: f64,
+}
+
+/// The lateness run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Lateness {
+    /// Records pending in RocksDB meanwhile.
+    pub pending: u64,
+    /// Records per second produced.
+    pub rate_per_s: f64,
+    /// Records produced and received.
+    pub records: u64,
+    /// Received.
+    pub received: u64,
+    /// Fired before their due time.
+    pub early: u64,
+    /// Fire minus due, ms: p50, p99, p99.9, max.
+    pub fire_ms: [u64; 4],
+    /// Arrival at the test consumer minus due, ms: p50, p99, p99.9, max.
+    pub arrival_ms: [u64; 4],
+    /// The broker's delivery-acknowledgement minus due, ms, as the upper bounds of the
+    /// histogram buckets holding p50, p99, p99.9.
+    pub delivery_ms_at_most: [f64; 3],
+    /// The producer's `linger.ms`.
+    pub linger_ms: u64,
+}
+
+/// Everything `bench e2e` measured.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct E2eReport {
+    /// Throughput rows.
+    pub throughput: Vec<Throughput>,
+    /// The lateness run.
+    pub lateness: Option<Lateness>,
+}
+
+/// Why the benchmark could not run.
+pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Runs the throughput runs and the lateness run, printing tables on stdout and writing JSON.
+///
+/// # Errors
+/// A bad flag, Kafka or RocksDB.
+pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
+    let sizes: Vec<usize> = args
+        .value_bytes
+        .split(',')
+        .map(|s| s.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("--value-bytes {}: {e}", args.value_bytes))?;
+    let lateness_for = crate::record::time::parse_duration_ms(&args.lateness_for)
+        .map_err(|e| format!("--lateness-for {}: {e}", args.lateness_for))?;
+    let embedded = match &args.brokers {
+        Some(_) => None,
+        None => Some(Embedded::start(3)?),
+    };
+    let brokers = args
+        .brokers
+        .clone()
+        .unwrap_or_else(|| embedded.as_ref().map(Embedded::bootstrap_servers).unwrap());
+    let kafka = Kafka {
+        brokers,
+        embedded,
+        partitions: args.partitions,
+    };
+    let mut report = E2eReport {
+        throughput: Vec::new(),
+        lateness: None,
+    };
+    println!("| value | records | passthrough rec/s | kafka-delay rec/s | ratio | kafka-delay --sync rec/s | sync / no sync | consume only rec/s |");
+    println!("|---|---|---|---|---|---|---|---|");
+    for (i, &size) in sizes.iter().enumerate() {
+        let cap = 2_000_000 * args.partitions.max(1) as u64 / size.max(1) as u64;
+        let n = args.records.min(cap);
+        let (pt, consume) = kafka.passthrough(&format!("{i}"), n, size).await?;
+        let off = kafka
+            .through_broker(&format!("{i}a"), n, size, false)
+            .await?;
+        let on = kafka
+            .through_broker(&format!("{i}b"), n, size, true)
+            .await?;
+        let row = Throughput {
+            value_bytes: size,
+            records: n,
+            passthrough_per_s: n as f64 / pt.as_secs_f64(),
+            broker_per_s: n as f64 / off.as_secs_f64(),
+            broker_sync_per_s: n as f64 / on.as_secs_f64(),
+            consume_only_per_s: n as f64 / consume.as_secs_f64(),
+        };
+        println!(
+            "| {size} B | {n} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} |",
+            row.passthrough_per_s,
+            row.broker_per_s,
+            row.broker_per_s / row.passthrough_per_s,
+            row.broker_sync_per_s,
+            row.broker_sync_per_s / row.broker_per_s,
+            row.consume_only_per_s
+        );
+        report.throughput.push(row);
+    }
+    if let Some(first) = report.throughput.first() {
+        let rate = first.broker_per_s * args.load;
+        let l = kafka
+            .lateness(args.pending, rate, Duration::from_millis(lateness_for))
+            .await?;
+        println!();
+        println!("| pending | rate rec/s | records | received | early | fire p50 / p99 / p99.9 / max ms | arrival p50 / p99 / p99.9 / max ms | delivery ack p50 / p99 / p99.9 ms (at most) | linger ms |");
+        println!("|---|---|---|---|---|---|---|---|---|");
+        println!(
+            "| {} | {:.0} | {} | {} | {} | {} / {} / {} / {} | {} / {} / {} / {} | {} / {} / {} | {} |",
+            l.pending,
+            l.rate_per_s,
+            l.records,
+            l.received,
+            l.early,
+            l.fire_ms[0],
+            l.fire_ms[1],
+            l.fire_ms[2],
+            l.fire_ms[3],
+            l.arrival_ms[0],
+            l.arrival_ms[1],
+            l.arrival_ms[2],
+            l.arrival_ms[3],
+            l.delivery_ms_at_most[0],
+            l.delivery_ms_at_most[1],
+            l.delivery_ms_at_most[2],
+            l.linger_ms
+        );
+        report.lateness = Some(l);
+    }
+    std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)?;
+    println!("\nwritten to {}", args.json.display());
+    Ok(report)
+}
+
+struct Kafka {
+    brokers: String,
+    embedded: Option<Embedded>,
+    partitions: i32,
+}
+
+/// Parses broker flags as `kafka-delay run` would.
+fn config(brokers: &str, data_dir: &std::path::Path, extra: &[&str]) -> Result<Config, BenchError> {
+    let dir = data_dir.display().to_string();
+    let mut argv = vec![
+        "kafka-delay",
+        "run",
+        "--brokers",
+        brokers,
+        "--data-dir",
+        &dir,
+        "--http-addr",
+        "127.0.0.1:0",
+        "--dead-letter-topic",
+        "bench.dlt",
+    ];
+    argv.extend_from_slice(extra);
+    let cli = Cli::try_parse_from(argv)?;
+    match cli.command {
+        Command::Run(run) => Ok(run.validate()?),
+        _ => Err("not a run command".into()),
+    }
+}
+
+fn percentiles(mut v: Vec<u64>) -> [u64; 4] {
+    if v.is_empty() {
+        return [0; 4];
+    }
+    v.sort_unstable();
+    let at = |q: f64| v[((v.len() as f64 * q) as usize).min(v.len() - 1)];
+    [at(0.5), at(0.99), at(0.999), v[v.len() - 1]]
+}
+
+impl Kafka {
+    async fn create(&self, topic: &str, producer: &FutureProducer, config: &Config) {
+        match &self.embedded {
+            Some(e) => {
+                let _ = e.create_topic(topic, self.partitions);
+            }
+            None => {
+                let _ = kafka::ensure_topic(config, producer, topic, self.partitions).await;
+            }
+        }
+    }
+
+    fn producer(&self) -> Result<FutureProducer, BenchError> {
+        Ok(ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("linger.ms", "5")
+            .set("queue.buffering.max.messages", "500000")
+            .create()?)
+    }
+
+    /// Produces `n` records of `size`-byte values to `topic`, with the delay headers when
+    /// `target` is given (due at once).
+    async fn fill_topic(
+        &self,
+        topic: &str,
+        n: u64,
+        size: usize,
+        target: Option<&str>,
+    ) -> Result<(), BenchError> {
+        let p = self.producer()?;
+        let value = vec![b'v'; size];
+        let mut acks = Vec::new();
+        for i in 0..n {
+            let key = format!("k{i}");
+            let mut rec = FutureRecord::to(topic).key(&key).payload(&value);
+            if let Some(t) = target {
+                rec = rec.headers(
+                    OwnedHeaders::new()
+                        .insert(Header {
+                            key: "delay-target",
+                            value: Some(t),
+                        })
+                        .insert(Header {
+                            key: "delay-after",
+                            value: Some("0"),
+                        }),
+                );
+            }
+            loop {
+                match p.send_result(rec) {
+                    Ok(f) => {
+                        acks.push(f);
+                        break;
+                    }
+                    Err((_, back)) => {
+                        rec = back;
+                        for f in acks.drain(..) {
+                            f.await?.map_err(|(e, _)| e)?;
+                        }
+                    }
+                }
+            }
+        }
+        for f in acks {
+            f.await?.map_err(|(e, _)| e)?;
+        }
+        p.flush(Duration::from_secs(30))?;
+        Ok(())
+    }
+
+    /// Consume-and-produce of `n` records with the broker's client settings: the time from the
+    /// first record consumed to the last one acknowledged.
+    async fn passthrough(
+        &self,
+        tag: &str,
+        n: u64,
+        size: usize,
+    ) -> Result<(Duration, Duration), BenchError> {
+        let dir = tempfile::TempDir::new()?;
+        let (src, dst) = (format!("bench.pt.{tag}"), format!("bench.pt.{tag}.out"));
+        let config = config(
+            &self.brokers,
+            dir.path(),
+            &["--group-id", &format!("pt-{tag}")],
+        )?;
+        let producer = kafka::producer(&config)?;
+        self.create(&src, &producer, &config).await;
+        self.create(&dst, &producer, &config).await;
+        self.fill_topic(&src, n, size, None).await?;
+        let consumer: StreamConsumer = crate::ingest::consumer_config(&config).create()?;
+        consumer.subscribe(&[&src])?;
+        let window = config.in_flight;
+        let mut acks = std::collections::VecDeque::new();
+        let mut started = None;
+        for _ in 0..n {
+            let m = consumer.recv().await?;
+            started.get_or_insert_with(Instant::now);
+            let mut rec = FutureRecord::to(&dst).payload(m.payload().unwrap_or_default());
+            if let Some(k) = m.key() {
+                rec = rec.key(k);
+            }
+            let ack = producer.send_result(rec).map_err(|(e, _)| e)?;
+            acks.push_back((ack, m.topic().to_owned(), m.partition(), m.offset()));
+            if acks.len() >= window {
+                let (ack, t, p, o) = acks.pop_front().expect("not empty");
+                ack.await?.map_err(|(e, _)| e)?;
+                consumer.store_offset(&t, p, o)?;
+            }
+        }
+        for (ack, t, p, o) in acks {
+            ack.await?.map_err(|(e, _)| e)?;
+            consumer.store_offset(&t, p, o)?;
+        }
+        let took = started.map(|s| s.elapsed()).unwrap_or_default();
+        // Re-consuming the same records, nothing else: what rebuilding state from Kafka costs.
+        let mut again_config = crate::ingest::consumer_config(&config);
+        again_config.set("group.id", format!("pt-{tag}-again"));
+        let again: StreamConsumer = again_config.create()?;
+        again.subscribe(&[&src])?;
+        let mut started = None;
+        for _ in 0..n {
+            again.recv().await?;
+            started.get_or_insert_with(Instant::now);
+        }
+        let consume = started.map(|s| s.elapsed()).unwrap_or_default();
+        Ok((took, consume))
+    }
+
+    /// The same through the broker: from the first record ingested to the last one delivered
+    /// and deleted from RocksDB.
+    async fn through_broker(
+        &self,
+        tag: &str,
+        n: u64,
+        size: usize,
+        sync: bool,
+    ) -> Result<Duration, BenchError> {
+        let dir = tempfile::TempDir::new()?;
+        let (src, dst) = (format!("delay.bench.{tag}"), format!("bench.out.{tag}"));
+        let pattern = format!("^delay\\.bench\\.{tag}$");
+        let group = format!("kd-{tag}");
+        let mut flags = vec![
+            "--source-pattern",
+            pattern.as_str(),
+            "--group-id",
+            group.as_str(),
+        ];
+        if sync {
+            flags.push("--sync");
+        }
+        let config = config(&self.brokers, dir.path(), &flags)?;
+        let producer = kafka::producer(&config)?;
+        self.create(&src, &producer, &config).await;
+        self.create(&dst, &producer, &config).await;
+        self.create("bench.dlt", &producer, &config).await;
+        self.fill_topic(&src, n, size, Some(&dst)).await?;
+        let running = app::start(config, Arc::new(SystemClock), Registry::new()).await?;
+        let ingested = running
+            .metrics()
+            .ingested
+            .with_label_values(&[src.as_str()]);
+        let fired = running.metrics().fired.with_label_values(&[dst.as_str()]);
+        let deadline = Instant::now() + Duration::from_secs(600);
+        let mut started = None;
+        loop {
+            if started.is_none() && ingested.get() > 0 {
+                started = Some(Instant::now());
+            }
+            if fired.get() >= n && running.store().pending() == 0 {
+                break;
+            }
+            if Instant::now() > deadline {
+                return Err(format!("only {} of {n} delivered in 10 minutes", fired.get()).into());
+            }
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        let took = started.map(|s| s.elapsed()).unwrap_or_default();
+        running.shutdown().await;
+        Ok(took)
+    }
+
+    /// Records due a second after they are produced, at `rate` per second for `span`, with
+    /// `pending` records waiting in RocksDB.
+    async fn lateness(
+        &self,
+        pending: u64,
+        rate: f64,
+        span: Duration,
+    ) -> Result<Lateness, BenchError> {
+        let dir = tempfile::TempDir::new()?;
+        super::fill(&super::FillArgs {
+            data_dir: dir.path().to_owned(),
+            count: pending,
+            spread: "30d".into(),
+            value_bytes: 100,
+            target: "bench.lat.idle".into(),
+            source: "delay.bench.filled".into(),
+        })?;
+        let (src, dst) = ("delay.bench.lat", "bench.lat.out");
+        let config = config(
+            &self.brokers,
+            dir.path(),
+            &[
+                "--source-pattern",
+                "^delay\\.bench\\.lat$",
+                "--group-id",
+                "kd-lat",
+            ],
+        )?;
+        let linger_ms = 5;
+        let producer = kafka::producer(&config)?;
+        self.create(src, &producer, &config).await;
+        self.create(dst, &producer, &config).await;
+        let running = app::start(config, Arc::new(SystemClock), Registry::new()).await?;
+        let fired = running.metrics().fired.with_label_values(&[dst]);
+        // Warm up until the broker consumes: one record, due at once.
+        self.fill_topic(src, 1, 100, Some(dst)).await?;
+        let warm = Instant::now() + Duration::from_secs(60);
+        while fired.get() < 1 && Instant::now() < warm {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let reader: StreamConsumer = ClientConfig::new()
+            .set("bootstrap.servers", &self.brokers)
+            .set("group.id", "bench-lat-reader")
+            .set("auto.offset.reset", "earliest")
+            .set("fetch.wait.max.ms", "10")
+            .create()?;
+        reader.subscribe(&[dst])?;
+        let total = (rate * span.as_secs_f64()) as u64;
+        let clock = SystemClock;
+        let collector = tokio::spawn(async move {
+            let (mut fire, mut arrival, mut early) = (Vec::new(), Vec::new(), 0u64);
+            let deadline = Instant::now() + span + Duration::from_secs(60);
+            while (fire.len() as u64) < total && Instant::now() < deadline {
+                let Ok(Ok(m)) = tokio::time::timeout(Duration::from_secs(1), reader.recv()).await
+                else {
+                    continue;
+                };
+                let now = clock.now_ms();
+                if !m.key().is_some_and(|k| k.starts_with(b"l")) {
+                    continue; // the warm-up record
+                }
+                let header = |name: &str| -> Option<u64> {
+                    m.headers()?
+                        .iter()
+                        .find(|h| h.key == name)
+                        .and_then(|h| std::str::from_utf8(h.value?).ok()?.parse().ok())
+                };
+                if let (Some(due), Some(at)) = (header("delay-due-ms"), header("delay-fired-ms")) {
+                    if at < due {
+                        early += 1;
+                    }
+                    fire.push(at.saturating_sub(due));
+                    arrival.push(now.saturating_sub(due));
+                }
+            }
+            (fire, arrival, early)
+        });
+        let p = self.producer()?;
+        let value = vec![b'v'; 100];
+        let started = Instant::now();
+        let mut acks = Vec::new();
+        for i in 0..total {
+            let at = started + Duration::from_secs_f64(i as f64 / rate);
+            if let Some(wait) = at.checked_duration_since(Instant::now()) {
+                tokio::time::sleep(wait).await;
+            }
+            let key = format!("l{i}");
+            let rec = FutureRecord::to(src).key(&key).payload(&value).headers(
+                OwnedHeaders::new()
+                    .insert(Header {
+                        key: "delay-target",
+                        value: Some(dst),
+                    })
+                    .insert(Header {
+                        key: "delay-after",
+                        value: Some("1000"),
+                    }),
+            );
+            acks.push(p.send_result(rec).map_err(|(e, _)| e)?);
+        }
+        for f in acks {
+            f.await?.map_err(|(e, _)| e)?;
+        }
+        let (fire, arrival, early) = collector.await?;
+        let hist = running.metrics().delivery_lateness.metric();
+        let h = hist.get_histogram();
+        let count = h.get_sample_count() as f64;
+        let bound = |q: f64| -> f64 {
+            h.get_bucket()
+                .iter()
+                .find(|b| b.cumulative_count() as f64 >= q * count)
+                .map_or(f64::INFINITY, |b| b.upper_bound() * 1_000.0)
+        };
+        let received = fire.len() as u64;
+        running.shutdown().await;
+        Ok(Lateness {
+            pending,
+            rate_per_s: rate,
+            records: total,
+            received,
+            early,
+            fire_ms: percentiles(fire),
+            arrival_ms: percentiles(arrival),
+            delivery_ms_at_most: [bound(0.5), bound(0.99), bound(0.999)],
+            linger_ms,
+        })
+    }
+}
