@@ -844,3 +844,99 @@ async fn a_full_disk_pauses_consumption_reports_it_and_a_restart_after_space_ret
     assert_eq!(http_get(addr, "/readyz").await.0, 200, "ready again");
     broker.shutdown().await;
 }
+
+/// Poison targets: after records were scheduled for them, one target is refused (the cluster
+/// answers TOPIC_AUTHORIZATION_FAILED for it) and one disappears (UNKNOWN_TOPIC_OR_PARTITION,
+/// what a deleted topic looks like), injected with the mock cluster's per-topic metadata errors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_and_deleted_targets_are_dead_lettered_after_bounded_retries_and_others_keep_firing(
+) {
+    let kafka = Kafka::start();
+    let t = Topics::new();
+    let (refused, deleted) = (format!("refused-{}", t.id), format!("deleted-{}", t.id));
+    for topic in [&t.delay, &t.target, &t.dlt, &refused, &deleted] {
+        kafka.create_topic(topic, 1).await;
+    }
+    let data = TempDir::new().unwrap();
+    // The test configuration: --fire-max-attempts 2, --fire-backoff-max 1s.
+    let broker = start(config(&kafka, &t, &data, &[])).await;
+    wait_consuming(&kafka, &t, &t.target).await;
+    let due = (now_ms() + 3_000).to_string();
+    let p = kafka.producer();
+    for i in 0..10 {
+        for (target, name) in [(&refused, "r"), (&deleted, "d"), (&t.target, "ok")] {
+            produce(
+                &p,
+                &t.delay,
+                Some(&format!("{name}{i}")),
+                Some(&format!("{name}{i}")),
+                &[("delay-target", target), ("delay-until", &due)],
+            )
+            .await;
+        }
+    }
+    // Scheduled; now the cluster refuses one target and forgets the other.
+    let mock = kafka
+        .mock()
+        .expect("the mock cluster injects per-topic errors")
+        .cluster();
+    mock.topic_error(
+        &refused,
+        rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_TOPIC_AUTHORIZATION_FAILED,
+    )
+    .unwrap();
+    mock.topic_error(
+        &deleted,
+        rdkafka::types::RDKafkaRespErr::RD_KAFKA_RESP_ERR_UNKNOWN_TOPIC_OR_PART,
+    )
+    .unwrap();
+    let out = reader(&kafka, &t.target, 1);
+    let ok = collect(&out, 11, Duration::from_secs(30)).await;
+    // The probe of wait_consuming went to the target too.
+    let fired: Vec<&Got> = ok
+        .iter()
+        .filter(|g| g.key().is_some_and(|k| k.starts_with("ok")))
+        .collect();
+    assert_eq!(fired.len(), 10, "the healthy target keeps firing");
+    let due_ms: u64 = due.parse().unwrap();
+    let worst = fired
+        .iter()
+        .map(|g| g.num("delay-fired-ms") - due_ms)
+        .max()
+        .unwrap();
+    eprintln!("healthy target: 10 fired, at most {worst} ms after due");
+    assert!(
+        fired.iter().all(|g| g.num("delay-fired-ms") >= due_ms),
+        "never early"
+    );
+    let dlt = reader(&kafka, &t.dlt, 1);
+    let dead = collect(&dlt, 20, Duration::from_secs(90)).await;
+    let reasons: std::collections::BTreeMap<(String, String), usize> =
+        dead.iter().fold(Default::default(), |mut m, g| {
+            let key = (
+                g.header("delay-target").unwrap_or_default(),
+                g.header("delay-error").unwrap_or_default(),
+            );
+            *m.entry(key).or_default() += 1;
+            m
+        });
+    eprintln!("dead letters: {reasons:?}");
+    assert_eq!(
+        dead.len(),
+        20,
+        "every poisoned record dead-lettered once: {reasons:?}"
+    );
+    assert_eq!(
+        reasons.get(&(refused.clone(), "target-denied".into())),
+        Some(&10),
+        "{reasons:?}"
+    );
+    assert_eq!(
+        reasons.get(&(deleted.clone(), "target-not-found".into())),
+        Some(&10),
+        "{reasons:?}"
+    );
+    // Nothing is left pending.
+    assert_eq!(broker.store().pending(), 0);
+    broker.shutdown().await;
+}
