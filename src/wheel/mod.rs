@@ -28,7 +28,9 @@
 
 mod slab;
 
-use slab::{List, Slab, NIL};
+use std::collections::VecDeque;
+
+use slab::Slab;
 
 const LEVEL_BITS: u32 = 6;
 const SLOTS: u64 = 1 << LEVEL_BITS;
@@ -53,11 +55,13 @@ pub struct Elapsed<T> {
     pub value: T,
 }
 
-/// One level: 64 slot lists and a bitmask of the slots that are not empty.
+/// One level: 64 slots and a bitmask of the slots that are not empty. A slot is a vector of
+/// node indices, so a cascade reads the nodes through independent loads (the processor overlaps
+/// their cache misses) instead of chasing a linked list one miss at a time.
 #[derive(Debug, Clone)]
 struct Level {
     occupied: u64,
-    slots: [List; SLOTS as usize],
+    slots: [Vec<u32>; SLOTS as usize],
 }
 
 /// A hierarchical timing wheel holding values of type `T` (the broker stores record ids).
@@ -68,9 +72,9 @@ pub struct Wheel<T> {
     /// The six levels, finest first.
     levels: Vec<Level>,
     /// Entries due beyond the top level's range, re-placed when the next 2^36 ms block begins.
-    overflow: List,
+    overflow: Vec<u32>,
     /// Entries whose due time has been reached, waiting to be handed out by `poll`.
-    expired: List,
+    expired: VecDeque<u32>,
     /// Node storage.
     nodes: Slab<T>,
     /// Live (not cancelled, not yet handed out) entries.
@@ -82,15 +86,14 @@ impl<T: Copy> Wheel<T> {
     pub fn new(now: u64) -> Self {
         Self {
             elapsed: now,
-            levels: vec![
-                Level {
+            levels: (0..NUM_LEVELS)
+                .map(|_| Level {
                     occupied: 0,
-                    slots: [List::EMPTY; SLOTS as usize],
-                };
-                NUM_LEVELS
-            ],
-            overflow: List::EMPTY,
-            expired: List::EMPTY,
+                    slots: std::array::from_fn(|_| Vec::new()),
+                })
+                .collect(),
+            overflow: Vec::new(),
+            expired: VecDeque::new(),
             nodes: Slab::new(),
             len: 0,
         }
@@ -126,7 +129,7 @@ impl<T: Copy> Wheel<T> {
             return Err(Elapsed { due, value });
         }
         let (index, gen) = self.nodes.alloc(due, value);
-        self.place(index);
+        self.place(index, due);
         self.len += 1;
         Ok(Handle { index, gen })
     }
@@ -161,7 +164,7 @@ impl<T: Copy> Wheel<T> {
     /// were already found due by an earlier call and not yet taken.
     pub fn poll(&mut self, now: u64) -> Option<(u64, T)> {
         loop {
-            if let Some(index) = self.nodes.pop_front(&mut self.expired) {
+            if let Some(index) = self.expired.pop_front() {
                 let node = *self.nodes.get(index);
                 self.nodes.free(index);
                 if node.gen % 2 == 0 {
@@ -229,35 +232,32 @@ impl<T: Copy> Wheel<T> {
         );
         self.elapsed = deadline;
         let list = if level == NUM_LEVELS {
-            std::mem::replace(&mut self.overflow, List::EMPTY)
+            std::mem::take(&mut self.overflow)
         } else {
             let lvl = &mut self.levels[level];
             lvl.occupied &= !(1u64 << slot);
-            std::mem::replace(&mut lvl.slots[slot], List::EMPTY)
+            std::mem::take(&mut lvl.slots[slot])
         };
         if level == 0 {
             // Every entry of a level-0 slot is due in exactly this millisecond.
-            self.nodes.append(&mut self.expired, list);
+            self.expired.extend(list);
             return;
         }
-        let mut cursor = list.head;
-        while cursor != NIL {
-            let node = *self.nodes.get(cursor);
-            let index = cursor;
-            cursor = node.next;
+        for index in list {
+            let node = *self.nodes.get(index);
             if node.gen % 2 == 0 {
                 self.nodes.free(index);
             } else if node.due <= self.elapsed {
-                self.nodes.push_back(&mut self.expired, index);
+                self.expired.push_back(index);
             } else {
-                self.place(index);
+                self.place(index, node.due);
             }
         }
     }
 
-    /// Links node `index` (due after `elapsed`) into its level and slot, or the overflow.
-    fn place(&mut self, index: u32) {
-        let due = self.nodes.get(index).due;
+    /// Puts node `index`, due at `due` (after `elapsed`), into its level and slot, or the
+    /// overflow.
+    fn place(&mut self, index: u32, due: u64) {
         debug_assert!(
             due > self.elapsed,
             "placing due {due} at elapsed {}",
@@ -266,16 +266,12 @@ impl<T: Copy> Wheel<T> {
         let differing = (self.elapsed ^ due) | SLOT_MASK;
         let level = ((63 - differing.leading_zeros()) / LEVEL_BITS) as usize;
         if level >= NUM_LEVELS {
-            let mut overflow = self.overflow;
-            self.nodes.push_back(&mut overflow, index);
-            self.overflow = overflow;
+            self.overflow.push(index);
             return;
         }
         let slot = ((due >> (LEVEL_BITS * level as u32)) & SLOT_MASK) as usize;
-        let mut list = self.levels[level].slots[slot];
-        self.nodes.push_back(&mut list, index);
         let lvl = &mut self.levels[level];
-        lvl.slots[slot] = list;
+        lvl.slots[slot].push(index);
         lvl.occupied |= 1u64 << slot;
     }
 }

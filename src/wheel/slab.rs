@@ -1,4 +1,4 @@
-//! Node storage for the wheel: a chunked slab of fixed-size nodes linked by `u32` indices.
+//! Node storage for the wheel: a chunked slab of fixed-size nodes addressed by `u32` indices.
 //!
 //! Chunks are allocated one at a time and never moved, so growing the slab never copies the
 //! entries already stored (no doubling spike) and untouched capacity is never resident.
@@ -26,24 +26,6 @@ pub(crate) struct Node<T> {
 }
 
 /// A singly linked FIFO list of nodes (head and tail indices).
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct List {
-    pub(crate) head: u32,
-    pub(crate) tail: u32,
-}
-
-impl List {
-    pub(crate) const EMPTY: List = List {
-        head: NIL,
-        tail: NIL,
-    };
-
-    pub(crate) fn is_empty(&self) -> bool {
-        self.head == NIL
-    }
-}
-
-/// Chunked storage of nodes with a free list.
 #[derive(Debug)]
 pub(crate) struct Slab<T> {
     chunks: Vec<Vec<Node<T>>>,
@@ -130,43 +112,6 @@ impl<T: Copy> Slab<T> {
         self.free = index;
         self.allocated -= 1;
     }
-
-    /// Appends `index` at the tail of `list`.
-    pub(crate) fn push_back(&mut self, list: &mut List, index: u32) {
-        self.get_mut(index).next = NIL;
-        if list.tail == NIL {
-            list.head = index;
-        } else {
-            self.get_mut(list.tail).next = index;
-        }
-        list.tail = index;
-    }
-
-    /// Removes and returns the head of `list`.
-    pub(crate) fn pop_front(&mut self, list: &mut List) -> Option<u32> {
-        if list.head == NIL {
-            return None;
-        }
-        let index = list.head;
-        list.head = self.get(index).next;
-        if list.head == NIL {
-            list.tail = NIL;
-        }
-        Some(index)
-    }
-
-    /// Moves all of `other` to the tail of `list` in O(1).
-    pub(crate) fn append(&mut self, list: &mut List, other: List) {
-        if other.is_empty() {
-            return;
-        }
-        if list.tail == NIL {
-            *list = other;
-        } else {
-            self.get_mut(list.tail).next = other.head;
-            list.tail = other.tail;
-        }
-    }
 }
 
 #[cfg(test)]
@@ -188,27 +133,5 @@ mod tests {
         assert_ne!(gen_a, gen_b);
         assert_eq!(gen_b % 2, 1);
         assert_eq!(slab.allocated(), 1);
-    }
-
-    #[test]
-    fn lists_keep_fifo_order_and_append() {
-        let mut slab = Slab::new();
-        let mut first = List::EMPTY;
-        let mut second = List::EMPTY;
-        for v in 0..3u64 {
-            let (i, _) = slab.alloc(v, v);
-            slab.push_back(&mut first, i);
-        }
-        for v in 3..5u64 {
-            let (i, _) = slab.alloc(v, v);
-            slab.push_back(&mut second, i);
-        }
-        slab.append(&mut first, second);
-        let mut seen = Vec::new();
-        while let Some(i) = slab.pop_front(&mut first) {
-            seen.push(slab.get(i).value);
-        }
-        assert_eq!(seen, vec![0, 1, 2, 3, 4]);
-        assert!(first.is_empty());
     }
 }
