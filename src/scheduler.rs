@@ -29,7 +29,7 @@ use tracing::warn;
 
 use crate::clock::Clock;
 use crate::metrics::Metrics;
-use crate::store::{RecordId, Store, StoreError};
+use crate::store::{due_key_after, RecordId, Store, StoreError};
 use crate::wheel::{Elapsed, Wheel};
 
 /// Most records handed to the publisher in one batch.
@@ -204,10 +204,7 @@ impl Scheduler {
             Ok(entries) => {
                 let done = entries.len() < LOAD_CHUNK;
                 if let Some(&(due, id)) = entries.last() {
-                    l.next = match id.0.checked_add(1) {
-                        Some(next) => (due, RecordId(next)),
-                        None => (due + 1, RecordId(0)),
-                    };
+                    l.next = due_key_after(due, id);
                 }
                 self.metrics.wheel_loaded.inc_by(entries.len() as u64);
                 self.hold(entries.into_iter());

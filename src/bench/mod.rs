@@ -105,7 +105,7 @@ pub fn head_seek(args: &HeadSeekArgs) -> Result<HeadSeek, FillError> {
         let n = FILL_BATCH.min(to_delete - deleted) as usize;
         let page = store.due_range(from, u64::MAX, n)?;
         if let Some(&(due, id)) = page.last() {
-            from = (due, crate::store::RecordId(id.0 + 1));
+            from = crate::store::due_key_after(due, id);
         }
         let ids: Vec<_> = page.iter().map(|&(_, id)| id).collect();
         let records = store.get(&ids)?;

@@ -54,6 +54,14 @@ pub fn due_key(due_ms: u64, id: RecordId) -> [u8; 16] {
     k
 }
 
+/// The due-index position right after the entry `(due_ms, id)`: where a paged read goes on.
+pub fn due_key_after(due_ms: u64, id: RecordId) -> (u64, RecordId) {
+    match id.0.checked_add(1) {
+        Some(next) => (due_ms, RecordId(next)),
+        None => (due_ms.saturating_add(1), RecordId(0)),
+    }
+}
+
 /// Splits a due-index key; `None` if it is not 16 bytes.
 pub fn split_due_key(key: &[u8]) -> Option<(u64, RecordId)> {
     let due = u64::from_be_bytes(key.get(..8)?.try_into().ok()?);
@@ -237,6 +245,14 @@ mod tests {
         assert_eq!(RecordId::new(3, MAX_OFFSET).unwrap().offset(), MAX_OFFSET);
         assert!(RecordId::new(0, MAX_OFFSET + 1).is_none());
         assert!(RecordId::new(0, -1).is_none());
+    }
+
+    #[test]
+    fn the_position_after_an_entry_is_the_next_key_in_order() {
+        assert_eq!(due_key_after(5, RecordId(7)), (5, RecordId(8)));
+        assert_eq!(due_key_after(5, RecordId(u64::MAX)), (6, RecordId(0)));
+        let (d, r) = due_key_after(5, RecordId(7));
+        assert!(due_key(d, r) > due_key(5, RecordId(7)));
     }
 
     #[test]

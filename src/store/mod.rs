@@ -33,7 +33,7 @@ use crate::record::Schedule;
 use codec::{
     due_key, id_key, id_value, partition_key, split_due_key, split_id_value, split_partition_key,
 };
-pub use codec::{Pid, RecordId, StoredRecord};
+pub use codec::{due_key_after, Pid, RecordId, StoredRecord};
 use stats::{PendingStats, Snapshot};
 
 const CF_RECORDS: &str = "records";
@@ -475,9 +475,11 @@ impl Store {
             .write_opt(batch, &self.write_opts())
             .map_err(io("ingest write"))?;
         self.pending.fetch_add(delta, Ordering::Relaxed);
+        if let Some(&(first, _)) = applied.inserted.iter().min() {
+            self.low_water.fetch_min(first, Ordering::Relaxed);
+        }
         for (target, due, added) in counted {
             if added {
-                self.low_water.fetch_min(due, Ordering::Relaxed);
                 stats.add(&target, due);
             } else {
                 stats.remove(&target, due);

@@ -500,7 +500,7 @@ fn due_ranges_are_bounded_on_both_sides_and_resume_after_the_last_entry() {
     // Paged by two: the second page starts right after the last entry of the first.
     let first = store.due_range((1_100, RecordId(0)), 1_300, 2).unwrap();
     let (d, r) = first[1];
-    let second = store.due_range((d, RecordId(r.0 + 1)), 1_300, 2).unwrap();
+    let second = store.due_range(due_key_after(d, r), 1_300, 2).unwrap();
     assert_eq!([first, second].concat(), all);
     assert!(store
         .due_range((1_300, RecordId(0)), 1_300, 10)
