@@ -55,6 +55,14 @@ pub struct E2eArgs {
     /// Fraction of the measured broker rate the lateness run produces at.
     #[arg(long, default_value_t = 0.7)]
     pub load: f64,
+    /// How long after it is produced each record of the lateness run is due: longer than
+    /// the records take to reach Kafka and be ingested, or the lateness measured is theirs.
+    #[arg(long, default_value = "5s")]
+    pub delay: String,
+    /// Records per second for the lateness run instead of `--load` of a measured rate; the
+    /// throughput runs are skipped.
+    #[arg(long)]
+    pub rate: Option<f64>,
     /// Where to write the results as JSON.
     #[arg(long, default_value = "bench-e2e.json")]
     pub json: PathBuf,
@@ -98,6 +106,11 @@ pub struct Lateness {
     /// The broker's delivery-acknowledgement minus due, ms, as the upper bounds of the
     /// histogram buckets holding p50, p99, p99.9.
     pub delivery_ms_at_most: [f64; 3],
+    /// The scheduler's own lateness (the clock when it hands a record to the publisher minus
+    /// due), ms, as histogram bucket upper bounds for p50, p99, p99.9.
+    pub wheel_ms_at_most: [f64; 3],
+    /// Due this long after being produced.
+    pub delay_ms: u64,
     /// The producer's `linger.ms`.
     pub linger_ms: u64,
 }
@@ -127,6 +140,8 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         .map_err(|e| format!("--value-bytes {}: {e}", args.value_bytes))?;
     let lateness_for = crate::record::time::parse_duration_ms(&args.lateness_for)
         .map_err(|e| format!("--lateness-for {}: {e}", args.lateness_for))?;
+    let delay_ms = crate::record::time::parse_duration_ms(&args.delay)
+        .map_err(|e| format!("--delay {}: {e}", args.delay))?;
     let embedded = match &args.brokers {
         Some(_) => None,
         None => Some(Embedded::start(3)?),
@@ -147,6 +162,9 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
     println!("| value | records | passthrough rec/s | kafka-delay rec/s | ratio | kafka-delay --sync rec/s | sync / no sync | consume only rec/s |");
     println!("|---|---|---|---|---|---|---|---|");
     for (i, &size) in sizes.iter().enumerate() {
+        if args.rate.is_some() {
+            break;
+        }
         let cap = 2_000_000 * args.partitions.max(1) as u64 / size.max(1) as u64;
         let n = args.records.min(cap);
         let (pt, consume) = kafka.passthrough(&format!("{i}"), n, size).await?;
@@ -175,21 +193,32 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         );
         report.throughput.push(row);
     }
-    if let Some(first) = report.throughput.first() {
-        let rate = first.broker_per_s * args.load;
+    let rate = args
+        .rate
+        .or_else(|| report.throughput.first().map(|t| t.broker_per_s * args.load));
+    if let Some(rate) = rate {
         let l = kafka
-            .lateness(args.pending, rate, Duration::from_millis(lateness_for))
+            .lateness(
+                args.pending,
+                rate,
+                Duration::from_millis(lateness_for),
+                delay_ms,
+            )
             .await?;
         println!();
-        println!("| pending | rate rec/s | records | received | early | fire p50 / p99 / p99.9 / max ms | arrival p50 / p99 / p99.9 / max ms | delivery ack p50 / p99 / p99.9 ms (at most) | linger ms |");
-        println!("|---|---|---|---|---|---|---|---|---|");
+        println!("| pending | rate rec/s | delay ms | records | received | early | wheel p50 / p99 / p99.9 ms (at most) | fire p50 / p99 / p99.9 / max ms | arrival p50 / p99 / p99.9 / max ms | delivery ack p50 / p99 / p99.9 ms (at most) | linger ms |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|");
         println!(
-            "| {} | {:.0} | {} | {} | {} | {} / {} / {} / {} | {} / {} / {} / {} | {} / {} / {} | {} |",
+            "| {} | {:.0} | {} | {} | {} | {} | {} / {} / {} | {} / {} / {} / {} | {} / {} / {} / {} | {} / {} / {} | {} |",
             l.pending,
             l.rate_per_s,
+            l.delay_ms,
             l.records,
             l.received,
             l.early,
+            l.wheel_ms_at_most[0],
+            l.wheel_ms_at_most[1],
+            l.wheel_ms_at_most[2],
             l.fire_ms[0],
             l.fire_ms[1],
             l.fire_ms[2],
@@ -436,6 +465,7 @@ impl Kafka {
         pending: u64,
         rate: f64,
         span: Duration,
+        delay_ms: u64,
     ) -> Result<Lateness, BenchError> {
         let dir = tempfile::TempDir::new()?;
         super::fill(&super::FillArgs {
@@ -508,40 +538,50 @@ impl Kafka {
         });
         let p = self.producer()?;
         let value = vec![b'v'; 100];
+        let delay = delay_ms.to_string();
         let started = Instant::now();
+        let produced = Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let timeline = tokio::spawn(timeline(
+            self.brokers.clone(),
+            self.partitions,
+            running.metrics().clone(),
+            src,
+            dst,
+            produced.clone(),
+            total,
+        ));
         let mut acks = Vec::new();
-        for i in 0..total {
-            let at = started + Duration::from_secs_f64(i as f64 / rate);
-            if let Some(wait) = at.checked_duration_since(Instant::now()) {
-                tokio::time::sleep(wait).await;
+        // Paced a millisecond at a time: a timer per record would cost the producer more CPU
+        // than the broker spends on the record.
+        let mut i = 0;
+        while i < total {
+            let by_now = ((started.elapsed().as_secs_f64() * rate) as u64 + 1).min(total);
+            while i < by_now {
+                let key = format!("l{i}");
+                let rec = FutureRecord::to(src).key(&key).payload(&value).headers(
+                    OwnedHeaders::new()
+                        .insert(Header {
+                            key: "delay-target",
+                            value: Some(dst),
+                        })
+                        .insert(Header {
+                            key: "delay-after",
+                            value: Some(&delay),
+                        }),
+                );
+                acks.push(p.send_result(rec).map_err(|(e, _)| e)?);
+                i += 1;
             }
-            let key = format!("l{i}");
-            let rec = FutureRecord::to(src).key(&key).payload(&value).headers(
-                OwnedHeaders::new()
-                    .insert(Header {
-                        key: "delay-target",
-                        value: Some(dst),
-                    })
-                    .insert(Header {
-                        key: "delay-after",
-                        value: Some("1000"),
-                    }),
-            );
-            acks.push(p.send_result(rec).map_err(|(e, _)| e)?);
+            produced.store(i, std::sync::atomic::Ordering::Relaxed);
+            tokio::time::sleep(Duration::from_millis(1)).await;
         }
         for f in acks {
             f.await?.map_err(|(e, _)| e)?;
         }
         let (fire, arrival, early) = collector.await?;
-        let hist = running.metrics().delivery_lateness.metric();
-        let h = hist.get_histogram();
-        let count = h.get_sample_count() as f64;
-        let bound = |q: f64| -> f64 {
-            h.get_bucket()
-                .iter()
-                .find(|b| b.cumulative_count() as f64 >= q * count)
-                .map_or(f64::INFINITY, |b| b.upper_bound() * 1_000.0)
-        };
+        timeline.abort();
+        let delivery = bucket_bounds(&running.metrics().delivery_lateness);
+        let wheel = bucket_bounds(&running.metrics().fire_lateness);
         let received = fire.len() as u64;
         running.shutdown().await;
         Ok(Lateness {
@@ -552,8 +592,72 @@ impl Kafka {
             early,
             fire_ms: percentiles(fire),
             arrival_ms: percentiles(arrival),
-            delivery_ms_at_most: [bound(0.5), bound(0.99), bound(0.999)],
+            delivery_ms_at_most: delivery,
+            wheel_ms_at_most: wheel,
+            delay_ms,
             linger_ms,
         })
+    }
+}
+
+/// The upper bounds, in ms, of the buckets holding p50, p99 and p99.9 of a histogram in seconds.
+fn bucket_bounds(histogram: &prometheus::Histogram) -> [f64; 3] {
+    let m = histogram.metric();
+    let h = m.get_histogram();
+    let count = h.get_sample_count() as f64;
+    [0.5, 0.99, 0.999].map(|q| {
+        h.get_bucket()
+            .iter()
+            .find(|b| b.cumulative_count() as f64 >= q * count)
+            .map_or(f64::INFINITY, |b| b.upper_bound() * 1_000.0)
+    })
+}
+
+/// Prints, once a second on stderr, how far each stage of the lateness run has got: produced
+/// (handed to the test producer), in Kafka (the source topic's high watermarks), ingested, fired,
+/// and the broker's pending and wheel gauges.
+async fn timeline(
+    brokers: String,
+    partitions: i32,
+    metrics: crate::metrics::Metrics,
+    src: &'static str,
+    dst: &'static str,
+    produced: Arc<std::sync::atomic::AtomicU64>,
+    total: u64,
+) {
+    let started = Instant::now();
+    let Ok(watcher) = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .create::<rdkafka::consumer::BaseConsumer>()
+    else {
+        return;
+    };
+    let watcher = Arc::new(watcher);
+    eprintln!("   s  produced  in Kafka  ingested     fired   pending     wheel");
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let w = watcher.clone();
+        let in_kafka = tokio::task::spawn_blocking(move || {
+            (0..partitions)
+                .filter_map(|p| w.fetch_watermarks(src, p, Duration::from_secs(1)).ok())
+                .map(|(_, high)| high)
+                .sum::<i64>()
+        })
+        .await
+        .unwrap_or(-1);
+        let fired = metrics.fired.with_label_values(&[dst]).get();
+        eprintln!(
+            "{:4.0} {:9} {:9} {:9} {:9} {:9} {:9}",
+            started.elapsed().as_secs_f64(),
+            produced.load(std::sync::atomic::Ordering::Relaxed),
+            in_kafka,
+            metrics.ingested.with_label_values(&[src]).get(),
+            fired,
+            metrics.pending.get(),
+            metrics.wheel_entries.get(),
+        );
+        if fired > total {
+            return;
+        }
     }
 }

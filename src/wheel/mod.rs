@@ -23,14 +23,20 @@
 //! - every occupied slot at level `L` lies strictly after `elapsed`'s own slot at `L`, so the
 //!   lowest occupied level holds the earliest deadline and "next deadline" is a few bit operations;
 //! - an entry is handed out by [`Wheel::poll`] only when its due time is `<= now`: never early;
-//! - insert and cancel are O(1); a cancelled entry keeps its node until its slot is reached
-//!   (lazy cancellation) and is then reclaimed without being handed out.
+//! - insert and cancel are O(1); a cancelled entry stays in its slot until the wheel reaches it
+//!   (lazy cancellation) and is then dropped without being handed out.
+//!
+//! Memory layout: a slot is a vector of whole entries (due time, value, handle index and
+//! generation; 24 bytes for a `u64` value), so a cascade reads one vector front to back and
+//! appends to the vectors below, never following a pointer per entry. Cancellation lives
+//! apart, in a table of generations by handle index ([`handles`]), read once per entry when it
+//! is handed out.
 
-mod slab;
+mod handles;
 
 use std::collections::VecDeque;
 
-use slab::Slab;
+use handles::Handles;
 
 const LEVEL_BITS: u32 = 6;
 const SLOTS: u64 = 1 << LEVEL_BITS;
@@ -55,13 +61,24 @@ pub struct Elapsed<T> {
     pub value: T,
 }
 
-/// One level: 64 slots and a bitmask of the slots that are not empty. A slot is a vector of
-/// node indices, so a cascade reads the nodes through independent loads (the processor overlaps
-/// their cache misses) instead of chasing a linked list one miss at a time.
+/// One entry as it is held in a slot.
+#[derive(Debug, Clone, Copy)]
+struct Entry<T> {
+    /// Due time, epoch milliseconds.
+    due: u64,
+    /// The caller's value (for the broker: a record id).
+    value: T,
+    /// Index of the entry's generation in [`Handles`].
+    index: u32,
+    /// The generation its handle was given (odd).
+    gen: u32,
+}
+
+/// One level: 64 slots and a bitmask of the slots that are not empty.
 #[derive(Debug, Clone)]
-struct Level {
+struct Level<T> {
     occupied: u64,
-    slots: [Vec<u32>; SLOTS as usize],
+    slots: [Vec<Entry<T>>; SLOTS as usize],
 }
 
 /// A hierarchical timing wheel holding values of type `T` (the broker stores record ids).
@@ -70,13 +87,13 @@ pub struct Wheel<T> {
     /// Time the wheel has been advanced to (epoch ms). Entries due at or before it were handed out.
     elapsed: u64,
     /// The six levels, finest first.
-    levels: Vec<Level>,
+    levels: Vec<Level<T>>,
     /// Entries due beyond the top level's range, re-placed when the next 2^36 ms block begins.
-    overflow: Vec<u32>,
+    overflow: Vec<Entry<T>>,
     /// Entries whose due time has been reached, waiting to be handed out by `poll`.
-    expired: VecDeque<u32>,
-    /// Node storage.
-    nodes: Slab<T>,
+    expired: VecDeque<Entry<T>>,
+    /// Generations by handle index: which entries are cancelled.
+    handles: Handles,
     /// Live (not cancelled, not yet handed out) entries.
     len: usize,
 }
@@ -94,7 +111,7 @@ impl<T: Copy> Wheel<T> {
                 .collect(),
             overflow: Vec::new(),
             expired: VecDeque::new(),
-            nodes: Slab::new(),
+            handles: Handles::default(),
             len: 0,
         }
     }
@@ -109,9 +126,9 @@ impl<T: Copy> Wheel<T> {
         self.len == 0
     }
 
-    /// Nodes in use, including cancelled entries not yet reclaimed.
+    /// Handle indices in use: live entries and cancelled ones the wheel has not reached yet.
     pub fn allocated(&self) -> usize {
-        self.nodes.allocated()
+        self.handles.allocated()
     }
 
     /// The time the wheel has been advanced to.
@@ -128,25 +145,25 @@ impl<T: Copy> Wheel<T> {
         if due <= self.elapsed {
             return Err(Elapsed { due, value });
         }
-        let (index, gen) = self.nodes.alloc(due, value);
-        self.place(index, due);
+        let (index, gen) = self.handles.alloc();
+        self.place(Entry {
+            due,
+            value,
+            index,
+            gen,
+        });
         self.len += 1;
         Ok(Handle { index, gen })
     }
 
-    /// Cancels the entry behind `handle` in O(1) and returns its due time and value, or `None` if
-    /// it was already handed out or cancelled.
-    pub fn cancel(&mut self, handle: Handle) -> Option<(u64, T)> {
-        if !self.nodes.contains(handle.index) {
-            return None;
+    /// Cancels the entry behind `handle` in O(1). False if it was already handed out or
+    /// cancelled.
+    pub fn cancel(&mut self, handle: Handle) -> bool {
+        let cancelled = self.handles.cancel(handle.index, handle.gen);
+        if cancelled {
+            self.len -= 1;
         }
-        let node = self.nodes.get_mut(handle.index);
-        if node.gen != handle.gen {
-            return None;
-        }
-        node.gen = node.gen.wrapping_add(1);
-        self.len -= 1;
-        Some((node.due, node.value))
+        cancelled
     }
 
     /// The earliest time at which [`Wheel::poll`] may have something to do: a due entry or a
@@ -164,20 +181,18 @@ impl<T: Copy> Wheel<T> {
     /// were already found due by an earlier call and not yet taken.
     pub fn poll(&mut self, now: u64) -> Option<(u64, T)> {
         loop {
-            if let Some(index) = self.expired.pop_front() {
-                let node = *self.nodes.get(index);
-                self.nodes.free(index);
-                if node.gen % 2 == 0 {
-                    continue; // cancelled: reclaimed, never handed out
+            if let Some(entry) = self.expired.pop_front() {
+                if !self.handles.release(entry.index, entry.gen) {
+                    continue; // cancelled: dropped, never handed out
                 }
                 debug_assert!(
-                    node.due <= self.elapsed,
+                    entry.due <= self.elapsed,
                     "early fire: due {} elapsed {} now {now}",
-                    node.due,
+                    entry.due,
                     self.elapsed
                 );
                 self.len -= 1;
-                return Some((node.due, node.value));
+                return Some((entry.due, entry.value));
             }
             match self.next_expiration() {
                 Some((level, slot, deadline)) if deadline <= now => {
@@ -243,21 +258,20 @@ impl<T: Copy> Wheel<T> {
             self.expired.extend(list);
             return;
         }
-        for index in list {
-            let node = *self.nodes.get(index);
-            if node.gen % 2 == 0 {
-                self.nodes.free(index);
-            } else if node.due <= self.elapsed {
-                self.expired.push_back(index);
+        // Cancelled entries cascade too: checking them here would read the generation table
+        // once per level instead of once per entry.
+        for entry in list {
+            if entry.due <= self.elapsed {
+                self.expired.push_back(entry);
             } else {
-                self.place(index, node.due);
+                self.place(entry);
             }
         }
     }
 
-    /// Puts node `index`, due at `due` (after `elapsed`), into its level and slot, or the
-    /// overflow.
-    fn place(&mut self, index: u32, due: u64) {
+    /// Puts `entry`, due after `elapsed`, into its level and slot, or the overflow.
+    fn place(&mut self, entry: Entry<T>) {
+        let due = entry.due;
         debug_assert!(
             due > self.elapsed,
             "placing due {due} at elapsed {}",
@@ -266,12 +280,12 @@ impl<T: Copy> Wheel<T> {
         let differing = (self.elapsed ^ due) | SLOT_MASK;
         let level = ((63 - differing.leading_zeros()) / LEVEL_BITS) as usize;
         if level >= NUM_LEVELS {
-            self.overflow.push(index);
+            self.overflow.push(entry);
             return;
         }
         let slot = ((due >> (LEVEL_BITS * level as u32)) & SLOT_MASK) as usize;
         let lvl = &mut self.levels[level];
-        lvl.slots[slot].push(index);
+        lvl.slots[slot].push(entry);
         lvl.occupied |= 1u64 << slot;
     }
 }
