@@ -38,9 +38,10 @@ kill -TERM "$pid"
 wait "$pid" || true
 wheel=$(echo "$metrics" | awk '$1 == "kafka_delay_wheel_entries" {print $2}')
 pending=$(echo "$metrics" | awk '$1 == "kafka_delay_pending_records" {print $2}')
-recount=$(grep -o 'recovered pending records from RocksDB.*' "$log" | grep -o 'seconds="[0-9.]*"' | tr -dc '0-9.')
+counts=$(grep -o 'pending counts restored.*' "$log" | grep -o 'seconds="[0-9.]*"' | tr -dc '0-9.')
+scanned=$(grep -o 'pending counts restored.*' "$log" | grep -o 'scanned=[a-z]*' | cut -d= -f2)
 armed=$(grep -o 'timing wheel armed.*' "$log" | grep -o 'seconds="[0-9.]*"' | tr -dc '0-9.')
-echo "| pending | RocksDB MB | horizon | start to ready s | recount s | wheel load s | in wheel | RSS MB | peak RSS MB |"
+echo "| pending | RocksDB MB | horizon | start to ready s | counts restored s (scanned?) | wheel load s | in wheel | RSS MB | peak RSS MB |"
 echo "|---|---|---|---|---|---|---|---|---|"
-echo "| $pending | $size | $horizon | $(echo "scale=2; ($ready - $started) / 1000000000" | bc) | $recount | $armed | $wheel | $((rss_kb / 1024)) | $((hwm_kb / 1024)) |"
+echo "| $pending | $size | $horizon | $(echo "scale=2; ($ready - $started) / 1000000000" | bc) | $counts ($scanned) | $armed | $wheel | $((rss_kb / 1024)) | $((hwm_kb / 1024)) |"
 echo "(broker log: $log)"

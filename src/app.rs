@@ -133,9 +133,9 @@ pub async fn start(
     );
 
     let (due_tx, due_rx) = mpsc::channel(64);
-    // Counts by target and due time first (one scan of the due index), then the wheel reads
-    // what is due within the horizon and reports itself armed.
-    let recovered = recount(&store).await?;
+    // The counts by target and due time were restored when the store was opened; the wheel
+    // reads what is due within the horizon and reports itself armed.
+    let recovered = store.pending();
     let scheduler = Scheduler::new(
         clock.clone(),
         metrics.clone(),
@@ -220,39 +220,6 @@ pub async fn start(
         metrics,
         health,
     })
-}
-
-/// Counts the pending records in RocksDB by target and due time (one ordered scan of the due
-/// index); the scheduler then reads the ones due within its horizon.
-async fn recount(store: &Arc<Store>) -> Result<u64, StoreError> {
-    let started = Instant::now();
-    let store = store.clone();
-    let count = tokio::task::spawn_blocking(move || {
-        let mut last_report = Instant::now();
-        let mut seen = 0u64;
-        store.scan_due(|_, _| {
-            seen += 1;
-            if seen % 65_536 == 0 && last_report.elapsed().as_secs() >= 5 {
-                let secs = started.elapsed().as_secs_f64();
-                info!(
-                    records = seen,
-                    per_second = (seen as f64 / secs) as u64,
-                    "recovering"
-                );
-                last_report = Instant::now();
-            }
-        })
-    })
-    .await
-    .expect("recovery task")?;
-    let secs = started.elapsed().as_secs_f64();
-    info!(
-        records = count,
-        seconds = format!("{secs:.3}"),
-        per_second = (count as f64 / secs.max(1e-9)) as u64,
-        "recovered pending records from RocksDB"
-    );
-    Ok(count)
 }
 
 impl Running {

@@ -193,9 +193,12 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         );
         report.throughput.push(row);
     }
-    let rate = args
-        .rate
-        .or_else(|| report.throughput.first().map(|t| t.broker_per_s * args.load));
+    let rate = args.rate.or_else(|| {
+        report
+            .throughput
+            .first()
+            .map(|t| t.broker_per_s * args.load)
+    });
     if let Some(rate) = rate {
         let l = kafka
             .lateness(

@@ -41,6 +41,12 @@ const CF_DUE: &str = "due";
 const CF_IDS: &str = "ids";
 const CF_OFFSETS: &str = "offsets";
 const CF_META: &str = "meta";
+/// Pending counts by target and due minute (see [`stats`]), changed in every write batch.
+const CF_COUNTS: &str = "counts";
+/// In `meta`: present once `counts` has been written by a full recount and kept since.
+const COUNTS_KEPT: &[u8] = b"counts-kept";
+/// Every column family.
+const ALL_CFS: [&str; 6] = [CF_RECORDS, CF_DUE, CF_IDS, CF_OFFSETS, CF_META, CF_COUNTS];
 
 /// Errors of the store; each names what failed.
 #[derive(Debug, thiserror::Error)]
@@ -209,7 +215,8 @@ impl Store {
     ///
     /// # Errors
     /// [`StoreError::Open`] when RocksDB cannot open the directory (locked by another process,
-    /// permissions, corruption), [`StoreError::Corrupt`] when its metadata cannot be read.
+    /// permissions, corruption), [`StoreError::Corrupt`] when its metadata or counts cannot be
+    /// read, [`StoreError::Io`] when the counts of an older data directory cannot be written.
     pub fn open(path: &Path, options: StoreOptions) -> Result<Self> {
         let mut db_opts = Options::default();
         db_opts.create_if_missing(true);
@@ -224,6 +231,7 @@ impl Store {
             ColumnFamilyDescriptor::new(CF_IDS, Options::default()),
             ColumnFamilyDescriptor::new(CF_OFFSETS, Options::default()),
             ColumnFamilyDescriptor::new(CF_META, Options::default()),
+            ColumnFamilyDescriptor::new(CF_COUNTS, Options::default()),
         ];
         let db =
             DB::open_cf_descriptors(&db_opts, path, cfs).map_err(|source| StoreError::Open {
@@ -240,6 +248,14 @@ impl Store {
             path: path.to_owned(),
         };
         store.load_partitions()?;
+        let started = std::time::Instant::now();
+        let (pending, scanned) = store.restore_counts()?;
+        tracing::info!(
+            pending,
+            scanned,
+            seconds = format!("{:.3}", started.elapsed().as_secs_f64()),
+            "pending counts restored"
+        );
         Ok(store)
     }
 
@@ -471,6 +487,13 @@ impl Store {
         for (pid, offset) in next {
             batch.put_cf(self.cf(CF_OFFSETS), pid.to_be_bytes(), offset.to_be_bytes());
         }
+        self.put_counts(
+            &mut batch,
+            &stats,
+            counted
+                .iter()
+                .map(|(t, due, added)| (t.as_str(), *due, *added)),
+        );
         self.db
             .write_opt(batch, &self.write_opts())
             .map_err(io("ingest write"))?;
@@ -599,6 +622,11 @@ impl Store {
             removed += 1;
         }
         if removed > 0 {
+            self.put_counts(
+                &mut batch,
+                &stats,
+                counted.iter().map(|&(t, due)| (t, due, false)),
+            );
             self.db
                 .write_opt(batch, &self.write_opts())
                 .map_err(io("delete write"))?;
@@ -608,6 +636,73 @@ impl Store {
             }
         }
         Ok(removed)
+    }
+
+    /// Adds to `batch` the new value of every persisted count that `changes` (target, due,
+    /// added) touch, computed from `stats` (the counts before the batch; they are updated once
+    /// the batch is written).
+    fn put_counts<'a>(
+        &self,
+        batch: &mut WriteBatch,
+        stats: &PendingStats,
+        changes: impl IntoIterator<Item = (&'a str, u64, bool)>,
+    ) {
+        for (key, n) in stats.persisted_after(changes) {
+            if n == 0 {
+                batch.delete_cf(self.cf(CF_COUNTS), key);
+            } else {
+                batch.put_cf(self.cf(CF_COUNTS), key, n.to_be_bytes());
+            }
+        }
+    }
+
+    /// Restores the pending counts (at open) and returns how many records are pending, with
+    /// whether that took a scan. The counts are read back from the `counts` column when they
+    /// have been kept there; otherwise (a data directory written before counts were kept)
+    /// every pending record is counted with [`Store::scan_due`] and the counts are written,
+    /// so the next start reads them.
+    ///
+    /// # Errors
+    /// A read or write failure, or corrupt counts.
+    fn restore_counts(&self) -> Result<(u64, bool)> {
+        let kept = self
+            .db
+            .get_pinned_cf(self.cf(CF_META), COUNTS_KEPT)
+            .map_err(io("meta read"))?
+            .is_some();
+        if !kept {
+            let count = self.scan_due(|_, _| {})?;
+            let stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+            let mut batch = WriteBatch::default();
+            batch.delete_range_cf(self.cf(CF_COUNTS), [0u8].as_slice(), [0xffu8; 9].as_slice());
+            for (key, n) in stats.persisted() {
+                batch.put_cf(self.cf(CF_COUNTS), key, n.to_be_bytes());
+            }
+            batch.put_cf(self.cf(CF_META), COUNTS_KEPT, b"1");
+            self.db
+                .write_opt(batch, &self.write_opts())
+                .map_err(io("counts write"))?;
+            return Ok((count, true));
+        }
+        let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        let entries = self
+            .db
+            .iterator_cf(self.cf(CF_COUNTS), rocksdb::IteratorMode::Start)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(io("counts read"))?;
+        *stats = PendingStats::load(entries).map_err(|detail| StoreError::Corrupt {
+            what: "counts",
+            detail,
+        })?;
+        let count = stats.total();
+        self.pending.store(count as i64, Ordering::Relaxed);
+        // Exact to the minute, and never above the earliest pending record: a valid low-water
+        // mark.
+        self.low_water.store(
+            stats.first_minute_ms().unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        Ok((count, false))
     }
 
     /// Calls `f(due, id)` for every pending record in due-time order (one ordered scan of the
@@ -719,6 +814,11 @@ impl Store {
         batch.delete_cf(self.cf(CF_RECORDS), rid.to_bytes());
         batch.delete_cf(self.cf(CF_DUE), due_key(rec.due_ms, rid));
         self.unmap_id(&mut batch, rid, &rec, None)?;
+        self.put_counts(
+            &mut batch,
+            &stats,
+            [(rec.target.as_str(), rec.due_ms, false)],
+        );
         self.db
             .write_opt(batch, &self.write_opts())
             .map_err(io("cancel write"))?;
@@ -745,6 +845,12 @@ impl Store {
         batch.delete_cf(self.cf(CF_DUE), due_key(old, rid));
         batch.put_cf(self.cf(CF_DUE), due_key(due_ms, rid), rec.target.as_bytes());
         self.unmap_id(&mut batch, rid, &rec, Some(due_ms))?;
+        let target = rec.target.as_str();
+        self.put_counts(
+            &mut batch,
+            &stats,
+            [(target, old, false), (target, due_ms, true)],
+        );
         self.db
             .write_opt(batch, &self.write_opts())
             .map_err(io("reschedule write"))?;
@@ -847,23 +953,27 @@ impl Store {
         Ok(out)
     }
 
-    /// Records pending, as counted since the last [`Store::scan_due`].
+    /// Records pending: restored at open, then counted with every write.
     pub fn pending(&self) -> u64 {
         self.pending.load(Ordering::Relaxed).max(0) as u64
     }
 
-    /// Flushes memtables and the WAL; called on clean shutdown.
+    /// Flushes the WAL and every column family's memtable (called on clean shutdown), so the
+    /// next open has no log to replay.
     ///
     /// # Errors
     /// A flush failure.
     pub fn flush(&self) -> Result<()> {
         self.db.flush_wal(true).map_err(io("WAL flush"))?;
-        self.db.flush().map_err(io("flush"))
+        let cfs: Vec<_> = ALL_CFS.iter().map(|name| self.cf(name)).collect();
+        self.db
+            .flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default())
+            .map_err(io("flush"))
     }
 
     /// Bytes on disk (SST files) plus in memtables, over every column family.
     pub fn size_bytes(&self) -> u64 {
-        [CF_RECORDS, CF_DUE, CF_IDS, CF_OFFSETS, CF_META]
+        ALL_CFS
             .iter()
             .flat_map(|cf| {
                 [

@@ -1,5 +1,9 @@
 //! Counts of pending records by target topic and by due minute, kept in memory next to the
 //! store and updated with every write, so metrics never scan RocksDB. Pure.
+//!
+//! The counts are also persisted: every write batch of the store carries the new value of each
+//! count it changes ([`PendingStats::persisted_after`]), so a restart reads a few thousand
+//! counts ([`PendingStats::load`]) instead of scanning every pending record.
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -48,6 +52,77 @@ impl PendingStats {
         }
     }
 
+    /// The persisted form of every count these `changes` touch, once they are applied:
+    /// `(key, count)`, a count of 0 meaning "delete the key". A change is (target, due ms,
+    /// added: true, removed: false).
+    pub fn persisted_after<'a>(
+        &self,
+        changes: impl IntoIterator<Item = (&'a str, u64, bool)>,
+    ) -> Vec<(Vec<u8>, u64)> {
+        let mut by_target: HashMap<&str, i64> = HashMap::new();
+        let mut by_minute: BTreeMap<u64, i64> = BTreeMap::new();
+        for (target, due_ms, added) in changes {
+            let d = if added { 1 } else { -1 };
+            *by_target.entry(target).or_default() += d;
+            *by_minute.entry(due_ms / 60_000).or_default() += d;
+        }
+        let after = |now: Option<&u64>, d: i64| (*now.unwrap_or(&0) as i64 + d).max(0) as u64;
+        let targets = by_target
+            .into_iter()
+            .map(|(t, d)| (target_key(t), after(self.by_target.get(t), d)));
+        let minutes = by_minute
+            .into_iter()
+            .map(|(m, d)| (minute_key(m), after(self.by_minute.get(&m), d)));
+        targets.chain(minutes).collect()
+    }
+
+    /// Every count in its persisted form (after a full recount).
+    pub fn persisted(&self) -> Vec<(Vec<u8>, u64)> {
+        let targets = self.by_target.iter().map(|(t, n)| (target_key(t), *n));
+        let minutes = self.by_minute.iter().map(|(m, n)| (minute_key(*m), *n));
+        targets.chain(minutes).collect()
+    }
+
+    /// Counts read back from their persisted form.
+    ///
+    /// # Errors
+    /// A key or value that is not one this module writes, described.
+    pub fn load<K: AsRef<[u8]>, V: AsRef<[u8]>>(
+        entries: impl IntoIterator<Item = (K, V)>,
+    ) -> Result<Self, String> {
+        let mut stats = Self::default();
+        for (k, v) in entries {
+            let (k, v) = (k.as_ref(), v.as_ref());
+            let n = <[u8; 8]>::try_from(v)
+                .map(u64::from_be_bytes)
+                .map_err(|_| format!("count of {} bytes", v.len()))?;
+            match k.split_first() {
+                Some((b't', t)) => {
+                    let t = std::str::from_utf8(t).map_err(|e| format!("target name: {e}"))?;
+                    stats.by_target.insert(t.to_owned(), n);
+                }
+                Some((b'm', m)) => {
+                    let m = <[u8; 8]>::try_from(m)
+                        .map(u64::from_be_bytes)
+                        .map_err(|_| format!("minute key of {} bytes", m.len()))?;
+                    stats.by_minute.insert(m, n);
+                }
+                _ => return Err(format!("unknown count key {k:?}")),
+            }
+        }
+        Ok(stats)
+    }
+
+    /// Records counted.
+    pub fn total(&self) -> u64 {
+        self.by_target.values().sum()
+    }
+
+    /// The start (epoch ms) of the earliest minute with a pending record.
+    pub fn first_minute_ms(&self) -> Option<u64> {
+        self.by_minute.keys().next().map(|m| m * 60_000)
+    }
+
     /// Forgets everything (before a rebuild).
     pub fn clear(&mut self) {
         self.by_target.clear();
@@ -71,6 +146,20 @@ impl PendingStats {
         by_target.sort();
         Snapshot { by_target, by_due }
     }
+}
+
+fn target_key(target: &str) -> Vec<u8> {
+    let mut k = Vec::with_capacity(1 + target.len());
+    k.push(b't');
+    k.extend_from_slice(target.as_bytes());
+    k
+}
+
+fn minute_key(minute: u64) -> Vec<u8> {
+    let mut k = Vec::with_capacity(9);
+    k.push(b'm');
+    k.extend_from_slice(&minute.to_be_bytes());
+    k
 }
 
 #[cfg(test)]
@@ -99,5 +188,50 @@ mod tests {
         let snap = s.snapshot(now);
         assert_eq!(snap.by_due, [0, 1, 1, 1, 0]);
         assert_eq!(snap.by_target, vec![("a".into(), 1), ("b".into(), 2)]);
+    }
+
+    #[test]
+    fn persisted_changes_reload_to_the_same_counts() {
+        let now = 1_000 * 60_000;
+        let mut live = PendingStats::default();
+        let mut disk: BTreeMap<Vec<u8>, u64> = BTreeMap::new();
+        let batches: [&[(&str, u64, bool)]; 3] = [
+            &[
+                ("a", now, true),
+                ("a", now + 1, true),
+                ("b", now + 90_000, true),
+            ],
+            &[("a", now, false), ("c", now + 86_400_000, true)],
+            &[
+                ("b", now + 90_000, false),
+                ("a", now + 1, false),
+                ("a", now + 5, true),
+            ],
+        ];
+        for batch in batches {
+            for (k, n) in live.persisted_after(batch.iter().copied()) {
+                if n == 0 {
+                    disk.remove(&k);
+                } else {
+                    disk.insert(k, n);
+                }
+            }
+            for &(t, due, added) in batch {
+                if added {
+                    live.add(t, due);
+                } else {
+                    live.remove(t, due);
+                }
+            }
+            let loaded =
+                PendingStats::load(disk.iter().map(|(k, n)| (k, n.to_be_bytes()))).unwrap();
+            assert_eq!(loaded.snapshot(now), live.snapshot(now));
+            assert_eq!(loaded.total(), live.total());
+        }
+        assert_eq!(live.total(), 2);
+        assert_eq!(live.first_minute_ms(), Some(now));
+        let all: BTreeMap<Vec<u8>, u64> = live.persisted().into_iter().collect();
+        assert_eq!(all, disk, "a full rewrite equals the incremental one");
+        assert!(PendingStats::load([(b"x".to_vec(), [0u8; 8].to_vec())]).is_err());
     }
 }

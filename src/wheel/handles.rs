@@ -84,7 +84,10 @@ mod tests {
         let (c, gen_c) = h.alloc();
         assert_eq!(c, a);
         assert_ne!(gen_c, gen_a);
-        assert!(!h.cancel(a, gen_a), "a stale handle does not cancel the new entry");
+        assert!(
+            !h.cancel(a, gen_a),
+            "a stale handle does not cancel the new entry"
+        );
         assert!(h.release(c, gen_c));
         assert_eq!(h.allocated(), 1);
     }

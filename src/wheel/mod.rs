@@ -42,6 +42,9 @@ const LEVEL_BITS: u32 = 6;
 const SLOTS: u64 = 1 << LEVEL_BITS;
 const SLOT_MASK: u64 = SLOTS - 1;
 const NUM_LEVELS: usize = 6;
+/// Largest capacity (entries) an emptied slot keeps for reuse: bounds what idle slots hold to
+/// 384 x 2,048 x 24 bytes.
+const KEEP_CAPACITY: usize = 2_048;
 /// Span of the whole wheel: due times up to this far past `elapsed` are placed in a level.
 pub const RANGE_MS: u64 = 1 << (LEVEL_BITS as u64 * NUM_LEVELS as u64);
 
@@ -90,11 +93,12 @@ pub struct Wheel<T> {
     levels: Vec<Level<T>>,
     /// Entries due beyond the top level's range, re-placed when the next 2^36 ms block begins.
     overflow: Vec<Entry<T>>,
-    /// Entries whose due time has been reached, waiting to be handed out by `poll`.
-    expired: VecDeque<Entry<T>>,
+    /// Live entries whose due time has been reached, as `(due, value)`, waiting to be handed
+    /// out by `poll`. They no longer count as held: [`Wheel::cancel`] returns false for them.
+    expired: VecDeque<(u64, T)>,
     /// Generations by handle index: which entries are cancelled.
     handles: Handles,
-    /// Live (not cancelled, not yet handed out) entries.
+    /// Live entries in the levels and the overflow (not cancelled, not yet found due).
     len: usize,
 }
 
@@ -116,14 +120,14 @@ impl<T: Copy> Wheel<T> {
         }
     }
 
-    /// Number of live entries (inserted, not cancelled, not yet handed out).
+    /// Number of live entries not yet handed out (including those found due and queued).
     pub fn len(&self) -> usize {
-        self.len
+        self.len + self.expired.len()
     }
 
     /// Whether no live entry is held.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     /// Handle indices in use: live entries and cancelled ones the wheel has not reached yet.
@@ -156,8 +160,8 @@ impl<T: Copy> Wheel<T> {
         Ok(Handle { index, gen })
     }
 
-    /// Cancels the entry behind `handle` in O(1). False if it was already handed out or
-    /// cancelled.
+    /// Cancels the entry behind `handle` in O(1). False if it was already cancelled or found
+    /// due (handed out, or queued by [`Wheel::poll`] to be handed out next).
     pub fn cancel(&mut self, handle: Handle) -> bool {
         let cancelled = self.handles.cancel(handle.index, handle.gen);
         if cancelled {
@@ -181,18 +185,13 @@ impl<T: Copy> Wheel<T> {
     /// were already found due by an earlier call and not yet taken.
     pub fn poll(&mut self, now: u64) -> Option<(u64, T)> {
         loop {
-            if let Some(entry) = self.expired.pop_front() {
-                if !self.handles.release(entry.index, entry.gen) {
-                    continue; // cancelled: dropped, never handed out
-                }
+            if let Some((due, value)) = self.expired.pop_front() {
                 debug_assert!(
-                    entry.due <= self.elapsed,
-                    "early fire: due {} elapsed {} now {now}",
-                    entry.due,
+                    due <= self.elapsed,
+                    "early fire: due {due} elapsed {} now {now}",
                     self.elapsed
                 );
-                self.len -= 1;
-                return Some((entry.due, entry.value));
+                return Some((due, value));
             }
             match self.next_expiration() {
                 Some((level, slot, deadline)) if deadline <= now => {
@@ -246,26 +245,49 @@ impl<T: Copy> Wheel<T> {
             self.elapsed
         );
         self.elapsed = deadline;
-        let list = if level == NUM_LEVELS {
-            std::mem::take(&mut self.overflow)
-        } else {
-            let lvl = &mut self.levels[level];
-            lvl.occupied &= !(1u64 << slot);
-            std::mem::take(&mut lvl.slots[slot])
-        };
-        if level == 0 {
-            // Every entry of a level-0 slot is due in exactly this millisecond.
-            self.expired.extend(list);
+        if level == NUM_LEVELS {
+            for entry in std::mem::take(&mut self.overflow) {
+                if entry.due <= self.elapsed {
+                    self.expire(entry);
+                } else {
+                    self.place(entry); // back into the overflow when still beyond the range
+                }
+            }
             return;
         }
-        // Cancelled entries cascade too: checking them here would read the generation table
-        // once per level instead of once per entry.
-        for entry in list {
-            if entry.due <= self.elapsed {
-                self.expired.push_back(entry);
-            } else {
-                self.place(entry);
+        let lvl = &mut self.levels[level];
+        lvl.occupied &= !(1u64 << slot);
+        let mut list = std::mem::take(&mut lvl.slots[slot]);
+        if level == 0 {
+            // Every entry of a level-0 slot is due in exactly this millisecond. One tight loop
+            // over the slot: the generation reads of its entries overlap.
+            for entry in list.drain(..) {
+                self.expire(entry);
             }
+        } else {
+            // Cancelled entries cascade too: checking them here would read the generation
+            // table once per level instead of once per entry.
+            for entry in list.drain(..) {
+                if entry.due <= self.elapsed {
+                    self.expire(entry);
+                } else {
+                    self.place(entry); // always to a lower level: this slot stays empty
+                }
+            }
+        }
+        // The emptied vector goes back into its slot with its capacity, so a slot that fills
+        // again does not allocate again (one allocation per occupied millisecond otherwise).
+        if list.capacity() <= KEEP_CAPACITY {
+            self.levels[level].slots[slot] = list;
+        }
+    }
+
+    /// An entry whose due time has been reached: frees its handle index and, unless it was
+    /// cancelled, queues it to be handed out.
+    fn expire(&mut self, entry: Entry<T>) {
+        if self.handles.release(entry.index, entry.gen) {
+            self.len -= 1;
+            self.expired.push_back((entry.due, entry.value));
         }
     }
 

@@ -90,7 +90,10 @@ fn cancel_is_honoured_and_a_stale_handle_does_nothing() {
     assert!(!wheel.cancel(a));
     assert!(!wheel.cancel(b));
     assert!(wheel.cancel(c));
-    assert!(drain(&mut wheel, BASE + 200).is_empty(), "cancelled, not handed out");
+    assert!(
+        drain(&mut wheel, BASE + 200).is_empty(),
+        "cancelled, not handed out"
+    );
 }
 
 #[test]
@@ -248,4 +251,17 @@ proptest! {
         prop_assert!(model.is_empty(), "lost: {:?}", model);
         prop_assert_eq!(wheel.allocated(), 0);
     }
+}
+
+#[test]
+fn an_entry_found_due_is_handed_out_even_if_cancelled_between_polls() {
+    let mut wheel = Wheel::new(BASE);
+    let a = wheel.insert(BASE + 10, 1).unwrap();
+    let b = wheel.insert(BASE + 10, 2).unwrap();
+    assert_eq!(wheel.poll(BASE + 10), Some((BASE + 10, 1)));
+    assert_eq!(wheel.len(), 1, "the second is queued, still held");
+    assert!(!wheel.cancel(a), "handed out");
+    assert!(!wheel.cancel(b), "found due: too late to cancel");
+    assert_eq!(wheel.poll(BASE + 10), Some((BASE + 10, 2)));
+    assert!(wheel.is_empty());
 }
