@@ -1,70 +1,81 @@
-//! Cancellation for the wheel: one generation number per handle index.
+//! Cancellation for the wheel: one bit per handle index.
 //!
 //! The wheel's entries carry their due time and value inline in the slot vectors, so a cascade
 //! never leaves the vector it is reading. Cancelling must still be O(1) without finding the
-//! entry: a handle names an index in this table and the generation it was given. An index's
-//! generation is odd while its entry is live and even once that entry is cancelled or handed
-//! out; the entry itself stays in its slot until the wheel reaches it (lazy cancellation) and
-//! is then dropped if its generation no longer matches.
+//! entry: a handle names an index here (and the entry's due time). Cancelling sets the index's
+//! bit; the entry stays in its slot until the wheel reaches it (lazy cancellation), is dropped
+//! then, and its index is freed.
 //!
-//! An index is only reused after the wheel has reached its entry ([`Handles::release`]), so at
-//! any time an index has at most one entry in the wheel and a stale handle (or a stale entry)
-//! can never match a newer one: 4 bytes per pending entry, plus the free list.
+//! An index is only reused after the wheel has reached its entry, and by then the wheel's time
+//! has passed that entry's due time, which is how the wheel rejects a stale handle
+//! (`handle.due <= elapsed`) before it gets here. So an index has at most one entry in the
+//! wheel, and a set bit always belongs to that entry. While nothing cancelled is waiting in the
+//! wheel, reaching an entry does not read the bits at all.
 
-/// Generation numbers by index, and the indices free for reuse.
+/// Cancelled bits by index, and the indices free for reuse.
 #[derive(Debug, Default)]
 pub(crate) struct Handles {
-    /// Odd: the index's entry is live. Even: cancelled (entry still in the wheel) or free.
-    gens: Vec<u32>,
+    /// Bit `i`: index `i`'s entry is cancelled and still in the wheel.
+    cancelled: Vec<u64>,
+    /// Indices handed out so far (every index below this one exists).
+    issued: u32,
     /// Indices whose entry the wheel has reached; reused last-in first-out.
     free: Vec<u32>,
+    /// Cancelled entries still in the wheel (set bits).
+    outstanding: usize,
 }
 
 impl Handles {
     /// Indices in use: live entries and cancelled ones the wheel has not reached yet.
     pub(crate) fn allocated(&self) -> usize {
-        self.gens.len() - self.free.len()
+        self.issued as usize - self.free.len()
     }
 
-    /// Takes an index for a new live entry: returns it with its (odd) generation.
-    pub(crate) fn alloc(&mut self) -> (u32, u32) {
+    /// Takes an index for a new entry.
+    pub(crate) fn alloc(&mut self) -> u32 {
         if let Some(index) = self.free.pop() {
-            let gen = &mut self.gens[index as usize];
-            debug_assert!(*gen % 2 == 0, "free index {index} is live: gen {gen}");
-            *gen = gen.wrapping_add(1);
-            return (index, *gen);
+            return index;
         }
-        let index = u32::try_from(self.gens.len()).expect("timing wheel is full (2^32 entries)");
-        self.gens.push(1);
-        (index, 1)
+        let index = self.issued;
+        self.issued = index
+            .checked_add(1)
+            .expect("timing wheel is full (2^32 entries)");
+        if index as usize / 64 >= self.cancelled.len() {
+            self.cancelled.push(0);
+        }
+        index
     }
 
-    /// Marks the entry `(index, gen)` cancelled. False if it is not live (already cancelled,
-    /// handed out, or a stale handle).
-    pub(crate) fn cancel(&mut self, index: u32, gen: u32) -> bool {
-        match self.gens.get_mut(index as usize) {
-            Some(g) if *g == gen && gen % 2 == 1 => {
-                *g = g.wrapping_add(1);
-                true
-            }
-            _ => false,
+    /// Marks the entry at `index` cancelled; the caller has checked that the entry is still in
+    /// the wheel (its due time is ahead of the wheel's time). False if it already was.
+    pub(crate) fn cancel(&mut self, index: u32) -> bool {
+        let Some(word) = self.cancelled.get_mut(index as usize / 64) else {
+            return false;
+        };
+        let bit = 1u64 << (index % 64);
+        if *word & bit != 0 {
+            return false;
         }
+        *word |= bit;
+        self.outstanding += 1;
+        true
     }
 
-    /// The wheel has reached the entry `(index, gen)`: frees the index and says whether the
-    /// entry is live (to be handed out) rather than cancelled.
-    pub(crate) fn release(&mut self, index: u32, gen: u32) -> bool {
-        let g = &mut self.gens[index as usize];
-        let live = *g == gen;
-        debug_assert!(
-            live || *g == gen.wrapping_add(1),
-            "index {index} reused while its entry (gen {gen}) was in the wheel: gen {g}"
-        );
-        if live {
-            *g = g.wrapping_add(1);
-        }
+    /// The wheel has reached the entry at `index`: frees the index and says whether the entry
+    /// is live (to be handed out) rather than cancelled.
+    pub(crate) fn release(&mut self, index: u32) -> bool {
         self.free.push(index);
-        live
+        if self.outstanding == 0 {
+            return true;
+        }
+        let word = &mut self.cancelled[index as usize / 64];
+        let bit = 1u64 << (index % 64);
+        if *word & bit == 0 {
+            return true;
+        }
+        *word &= !bit;
+        self.outstanding -= 1;
+        false
     }
 }
 
@@ -73,22 +84,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_index_is_reused_only_after_release_and_with_a_new_generation() {
+    fn an_index_is_reused_only_after_release_and_starts_uncancelled() {
         let mut h = Handles::default();
-        let (a, gen_a) = h.alloc();
-        assert!(h.cancel(a, gen_a));
-        assert!(!h.cancel(a, gen_a), "cancelled twice");
-        let (b, _) = h.alloc();
+        let a = h.alloc();
+        assert!(h.cancel(a));
+        assert!(!h.cancel(a), "cancelled twice");
+        let b = h.alloc();
         assert_ne!(a, b, "a cancelled entry still in the wheel keeps its index");
-        assert!(!h.release(a, gen_a), "a cancelled entry is not handed out");
-        let (c, gen_c) = h.alloc();
+        assert!(!h.release(a), "a cancelled entry is not handed out");
+        let c = h.alloc();
         assert_eq!(c, a);
-        assert_ne!(gen_c, gen_a);
-        assert!(
-            !h.cancel(a, gen_a),
-            "a stale handle does not cancel the new entry"
-        );
-        assert!(h.release(c, gen_c));
-        assert_eq!(h.allocated(), 1);
+        assert!(h.release(c), "the reused index is not cancelled");
+        assert!(h.release(b));
+        assert_eq!(h.allocated(), 0);
+        assert!(!h.cancel(1_000), "an index never issued");
     }
 }

@@ -26,11 +26,11 @@
 //! - insert and cancel are O(1); a cancelled entry stays in its slot until the wheel reaches it
 //!   (lazy cancellation) and is then dropped without being handed out.
 //!
-//! Memory layout: a slot is a vector of whole entries (due time, value, handle index and
-//! generation; 24 bytes for a `u64` value), so a cascade reads one vector front to back and
-//! appends to the vectors below, never following a pointer per entry. Cancellation lives
-//! apart, in a table of generations by handle index ([`handles`]), read once per entry when it
-//! is handed out.
+//! Memory layout: a slot is a vector of whole entries (due time, value and handle index; 24
+//! bytes for a `u64` value), so a cascade reads one vector front to back and appends to the
+//! vectors below, never following a pointer per entry. Cancellation lives apart, one bit per
+//! handle index ([`handles`]), read when an entry comes due only while some cancelled entry is
+//! still in the wheel.
 
 mod handles;
 
@@ -51,8 +51,10 @@ pub const RANGE_MS: u64 = 1 << (LEVEL_BITS as u64 * NUM_LEVELS as u64);
 /// Identifies an inserted entry so that it can be cancelled in O(1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Handle {
+    /// The entry's index in [`Handles`].
     index: u32,
-    gen: u32,
+    /// Its due time: once the wheel's time has reached it, the handle is stale.
+    due: u64,
 }
 
 /// An insert whose due time is not after the wheel's current time: the caller should fire it now.
@@ -71,10 +73,8 @@ struct Entry<T> {
     due: u64,
     /// The caller's value (for the broker: a record id).
     value: T,
-    /// Index of the entry's generation in [`Handles`].
+    /// The entry's index in [`Handles`].
     index: u32,
-    /// The generation its handle was given (odd).
-    gen: u32,
 }
 
 /// One level: 64 slots and a bitmask of the slots that are not empty.
@@ -96,7 +96,7 @@ pub struct Wheel<T> {
     /// Live entries whose due time has been reached, as `(due, value)`, waiting to be handed
     /// out by `poll`. They no longer count as held: [`Wheel::cancel`] returns false for them.
     expired: VecDeque<(u64, T)>,
-    /// Generations by handle index: which entries are cancelled.
+    /// Which entries are cancelled, by handle index.
     handles: Handles,
     /// Live entries in the levels and the overflow (not cancelled, not yet found due).
     len: usize,
@@ -149,21 +149,20 @@ impl<T: Copy> Wheel<T> {
         if due <= self.elapsed {
             return Err(Elapsed { due, value });
         }
-        let (index, gen) = self.handles.alloc();
-        self.place(Entry {
-            due,
-            value,
-            index,
-            gen,
-        });
+        let index = self.handles.alloc();
+        self.place(Entry { due, value, index });
         self.len += 1;
-        Ok(Handle { index, gen })
+        Ok(Handle { index, due })
     }
 
     /// Cancels the entry behind `handle` in O(1). False if it was already cancelled or found
     /// due (handed out, or queued by [`Wheel::poll`] to be handed out next).
     pub fn cancel(&mut self, handle: Handle) -> bool {
-        let cancelled = self.handles.cancel(handle.index, handle.gen);
+        // Every entry still in the levels or the overflow is due after `elapsed`.
+        if handle.due <= self.elapsed {
+            return false;
+        }
+        let cancelled = self.handles.cancel(handle.index);
         if cancelled {
             self.len -= 1;
         }
@@ -259,14 +258,12 @@ impl<T: Copy> Wheel<T> {
         lvl.occupied &= !(1u64 << slot);
         let mut list = std::mem::take(&mut lvl.slots[slot]);
         if level == 0 {
-            // Every entry of a level-0 slot is due in exactly this millisecond. One tight loop
-            // over the slot: the generation reads of its entries overlap.
+            // Every entry of a level-0 slot is due in exactly this millisecond.
             for entry in list.drain(..) {
                 self.expire(entry);
             }
         } else {
-            // Cancelled entries cascade too: checking them here would read the generation
-            // table once per level instead of once per entry.
+            // Cancelled entries cascade too: they are dropped when they come due.
             for entry in list.drain(..) {
                 if entry.due <= self.elapsed {
                     self.expire(entry);
@@ -285,7 +282,7 @@ impl<T: Copy> Wheel<T> {
     /// An entry whose due time has been reached: frees its handle index and, unless it was
     /// cancelled, queues it to be handed out.
     fn expire(&mut self, entry: Entry<T>) {
-        if self.handles.release(entry.index, entry.gen) {
+        if self.handles.release(entry.index) {
             self.len -= 1;
             self.expired.push_back((entry.due, entry.value));
         }
