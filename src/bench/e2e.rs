@@ -53,6 +53,9 @@ pub struct E2eArgs {
     /// How long records arrive in the lateness run.
     #[arg(long, default_value = "20s")]
     pub lateness_for: String,
+    /// Rounds of the throughput runs (medians are reported).
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
     /// Fraction of the measured broker rate the lateness run produces at.
     #[arg(long, default_value_t = 0.7)]
     pub load: f64,
@@ -74,8 +77,10 @@ pub struct E2eArgs {
 pub struct Throughput {
     /// Value size, bytes.
     pub value_bytes: usize,
-    /// Records moved.
+    /// Records moved per run.
     pub records: u64,
+    /// Rounds (each a passthrough, a broker and a `--sync` broker run); rates are medians.
+    pub rounds: usize,
     /// Passthrough records per second.
     pub passthrough_per_s: f64,
     /// Broker records per second, sync off.
@@ -160,7 +165,7 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         throughput: Vec::new(),
         lateness: None,
     };
-    println!("| value | records | passthrough rec/s | kafka-delay rec/s | ratio | kafka-delay --sync rec/s | sync / no sync | consume only rec/s |");
+    println!("| value | records x rounds | passthrough rec/s | kafka-delay rec/s | ratio | kafka-delay --sync rec/s | sync / no sync | consume only rec/s |");
     println!("|---|---|---|---|---|---|---|---|");
     for (i, &size) in sizes.iter().enumerate() {
         if args.rate.is_some() {
@@ -168,23 +173,42 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         }
         let cap = 2_000_000 * args.partitions.max(1) as u64 / size.max(1) as u64;
         let n = args.records.min(cap);
-        let (pt, consume) = kafka.passthrough(&format!("{i}"), n, size).await?;
-        let off = kafka
-            .through_broker(&format!("{i}a"), n, size, false)
-            .await?;
-        let on = kafka
-            .through_broker(&format!("{i}b"), n, size, true)
-            .await?;
+        // Rounds of the three runs, interleaved, so that a disturbance of the shared machine
+        // hits one round rather than one side; the medians are reported.
+        let mut rates: [Vec<f64>; 4] = Default::default();
+        for r in 0..args.rounds.max(1) {
+            let (pt, consume) = kafka.passthrough(&format!("{i}.{r}"), n, size).await?;
+            let off = kafka
+                .through_broker(&format!("{i}.{r}a"), n, size, false)
+                .await?;
+            let on = kafka
+                .through_broker(&format!("{i}.{r}b"), n, size, true)
+                .await?;
+            let round = [pt, off, on, consume].map(|d| n as f64 / d.as_secs_f64());
+            eprintln!(
+                "round {r}: passthrough {:.0}/s, kafka-delay {:.0}/s ({:.2}), --sync {:.0}/s",
+                round[0],
+                round[1],
+                round[1] / round[0],
+                round[2]
+            );
+            for (all, rate) in rates.iter_mut().zip(round) {
+                all.push(rate);
+            }
+        }
+        let [pt, off, on, consume] = rates.map(median);
         let row = Throughput {
             value_bytes: size,
             records: n,
-            passthrough_per_s: n as f64 / pt.as_secs_f64(),
-            broker_per_s: n as f64 / off.as_secs_f64(),
-            broker_sync_per_s: n as f64 / on.as_secs_f64(),
-            consume_only_per_s: n as f64 / consume.as_secs_f64(),
+            rounds: args.rounds.max(1),
+            passthrough_per_s: pt,
+            broker_per_s: off,
+            broker_sync_per_s: on,
+            consume_only_per_s: consume,
         };
         println!(
-            "| {size} B | {n} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} |",
+            "| {size} B | {n} x {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} |",
+            row.rounds,
             row.passthrough_per_s,
             row.broker_per_s,
             row.broker_per_s / row.passthrough_per_s,
@@ -270,6 +294,11 @@ fn config(brokers: &str, data_dir: &std::path::Path, extra: &[&str]) -> Result<C
         Command::Run(run) => Ok(run.validate()?),
         _ => Err("not a run command".into()),
     }
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(0.0)
 }
 
 fn percentiles(mut v: Vec<u64>) -> [u64; 4] {

@@ -592,30 +592,51 @@ impl Store {
     /// A read or write failure; nothing is deleted then.
     pub fn remove_fired(&self, fired: &[(RecordId, &StoredRecord)]) -> Result<usize> {
         let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        // Which records are still there, and where their id mappings point: two batched reads
+        // under the lock, not two point reads per record.
+        let keys: Vec<[u8; 8]> = fired.iter().map(|(rid, _)| rid.to_bytes()).collect();
+        let exists = self
+            .db
+            .batched_multi_get_cf(self.cf(CF_RECORDS), keys.iter(), false)
+            .into_iter()
+            .map(|r| r.map(|v| v.is_some()).map_err(io("record read")))
+            .collect::<Result<Vec<bool>>>()?;
+        let id_keys: Vec<(usize, Vec<u8>)> = fired
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| exists[i])
+            .filter_map(|(i, (rid, rec))| rec.id.as_ref().map(|id| (i, id_key(rid.pid(), id))))
+            .collect();
+        let mapped: HashMap<usize, bool> = id_keys
+            .iter()
+            .zip(self.db.batched_multi_get_cf(
+                self.cf(CF_IDS),
+                id_keys.iter().map(|(_, k)| k),
+                false,
+            ))
+            .map(|((i, _), v)| {
+                let v = v.map_err(io("id read"))?;
+                let rid = fired[*i].0;
+                let to_this = v
+                    .as_deref()
+                    .and_then(split_id_value)
+                    .is_some_and(|(m, _)| m == rid);
+                Ok((*i, to_this))
+            })
+            .collect::<Result<_>>()?;
         let mut counted: Vec<(&str, u64)> = Vec::new();
         let mut batch = WriteBatch::default();
         let mut removed = 0usize;
-        for (rid, rec) in fired {
-            let exists = self
-                .db
-                .get_pinned_cf(self.cf(CF_RECORDS), rid.to_bytes())
-                .map_err(io("record read"))?
-                .is_some();
-            if !exists {
+        let mut seen = std::collections::HashSet::with_capacity(fired.len());
+        for (i, (rid, rec)) in fired.iter().enumerate() {
+            if !exists[i] || !seen.insert(*rid) {
                 continue;
             }
-            batch.delete_cf(self.cf(CF_RECORDS), rid.to_bytes());
+            batch.delete_cf(self.cf(CF_RECORDS), keys[i]);
             batch.delete_cf(self.cf(CF_DUE), due_key(rec.due_ms, *rid));
-            if let Some(id) = &rec.id {
-                let key = id_key(rid.pid(), id);
-                if let Some(v) = self
-                    .db
-                    .get_pinned_cf(self.cf(CF_IDS), &key)
-                    .map_err(io("id read"))?
-                {
-                    if split_id_value(&v).is_some_and(|(mapped, _)| mapped == *rid) {
-                        batch.delete_cf(self.cf(CF_IDS), &key);
-                    }
+            if mapped.get(&i).copied().unwrap_or(false) {
+                if let Some(id) = &rec.id {
+                    batch.delete_cf(self.cf(CF_IDS), id_key(rid.pid(), id));
                 }
             }
             counted.push((&rec.target, rec.due_ms));
