@@ -106,6 +106,8 @@ struct Outcome {
     id: RecordId,
     record: StoredRecord,
     result: Result<(), KafkaError>,
+    /// When the delivery report arrived (epoch ms), before any queueing on our side.
+    reported_ms: u64,
     permit: OwnedSemaphorePermit,
 }
 
@@ -223,6 +225,7 @@ impl Publisher {
             let outcome_tx = done.clone();
             match self.produce(due.id, &record).await {
                 Ok(delivery) => {
+                    let clock = self.clock.clone();
                     tokio::spawn(async move {
                         let result = match delivery.await {
                             Ok(Ok(_)) => Ok(()),
@@ -233,6 +236,7 @@ impl Publisher {
                             id: due.id,
                             record,
                             result,
+                            reported_ms: clock.now_ms(),
                             permit,
                         });
                     });
@@ -242,6 +246,7 @@ impl Publisher {
                         id: due.id,
                         record,
                         result: Err(e),
+                        reported_ms: self.clock.now_ms(),
                         permit,
                     });
                 }
@@ -323,7 +328,7 @@ impl Publisher {
                         .inc();
                     self.metrics
                         .delivery_lateness
-                        .observe(now.saturating_sub(o.record.due_ms) as f64 / 1000.0);
+                        .observe(o.reported_ms.saturating_sub(o.record.due_ms) as f64 / 1000.0);
                     attempts
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
