@@ -434,7 +434,7 @@ fn a_data_directory_without_kept_counts_is_counted_once_and_then_read_back() {
         store.apply(ops).unwrap();
         // What a data directory written before counts were kept looks like.
         store.db.delete_cf(store.cf(CF_META), COUNTS_KEPT).unwrap();
-        let mut wipe = WriteBatch::default();
+        let mut wipe = rocksdb::WriteBatch::default();
         wipe.delete_range_cf(
             store.cf(CF_COUNTS),
             [0u8].as_slice(),

@@ -1,0 +1,192 @@
+//! The store's reads: records by id, and the due index in order (a full scan, pages for the
+//! admin API, bounded ranges for the scheduler, the head from the low-water mark).
+
+use std::sync::atomic::Ordering;
+
+use rocksdb::ReadOptions;
+
+use super::codec::{due_key, id_key, split_due_key, split_id_value, Pid};
+use super::{
+    due_entry_key, due_entry_target, io, Page, Position, RecordId, Result, Store, StoreError,
+    StoredRecord, CF_DUE, CF_IDS, CF_RECORDS,
+};
+
+impl Store {
+    /// Reads pending records; `None` for one that was cancelled, replaced or already fired.
+    ///
+    /// # Errors
+    /// A read failure or an undecodable record.
+    pub fn get(&self, ids: &[RecordId]) -> Result<Vec<Option<StoredRecord>>> {
+        let keys: Vec<[u8; 8]> = ids.iter().map(|id| id.to_bytes()).collect();
+        self.db
+            .batched_multi_get_cf(self.cf(CF_RECORDS), keys.iter(), false)
+            .into_iter()
+            .map(|r| match r.map_err(io("record read"))? {
+                None => Ok(None),
+                Some(bytes) => {
+                    StoredRecord::decode(&bytes)
+                        .map(Some)
+                        .map_err(|detail| StoreError::Corrupt {
+                            what: "records",
+                            detail,
+                        })
+                }
+            })
+            .collect()
+    }
+
+    /// Calls `f(due, id)` for every pending record in due-time order (one ordered scan of the
+    /// due index) and returns how many there were. Also sets the pending count, the counts by
+    /// target and due time, and the low-water mark.
+    ///
+    /// # Errors
+    /// A read failure or a corrupt index key.
+    pub fn scan_due(&self, mut f: impl FnMut(u64, RecordId)) -> Result<u64> {
+        let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        stats.clear();
+        let mut iter = self.db.raw_iterator_cf(self.cf(CF_DUE));
+        iter.seek_to_first();
+        let mut count = 0u64;
+        let mut first = None;
+        while iter.valid() {
+            let (due, rid) = due_entry_key(&iter)?;
+            first.get_or_insert(due);
+            stats.add(&due_entry_target(&iter), due);
+            f(due, rid);
+            count += 1;
+            iter.next();
+        }
+        iter.status().map_err(io("due scan"))?;
+        self.pending.store(count as i64, Ordering::Relaxed);
+        self.low_water
+            .store(first.unwrap_or(u64::MAX), Ordering::Relaxed);
+        Ok(count)
+    }
+
+    /// Pending records in due order, starting at `from`, up to due time `until_ms`: at most
+    /// `limit` of those for which `keep(due, target)` holds, examining at most `budget` index
+    /// entries. Returns (due, id, target) triples and where to go on from (`None`: no more).
+    ///
+    /// # Errors
+    /// A read failure or a corrupt index key.
+    pub fn list(
+        &self,
+        from: Position,
+        until_ms: u64,
+        limit: usize,
+        budget: usize,
+        mut keep: impl FnMut(u64, &str) -> bool,
+    ) -> Result<Page> {
+        let mut iter = self.db.raw_iterator_cf(self.cf(CF_DUE));
+        match from {
+            Position::Due(d) => iter.seek(d.to_be_bytes()),
+            Position::At(due, rid) => iter.seek(due_key(due, rid)),
+        }
+        let mut out = Vec::new();
+        let mut examined = 0usize;
+        while iter.valid() {
+            let (due, rid) = due_entry_key(&iter)?;
+            if due > until_ms {
+                return Ok((out, None));
+            }
+            if out.len() == limit || examined == budget {
+                return Ok((out, Some(Position::At(due, rid))));
+            }
+            examined += 1;
+            let target = due_entry_target(&iter);
+            if keep(due, &target) {
+                out.push((due, rid, target));
+            }
+            iter.next();
+        }
+        iter.status().map_err(io("due scan"))?;
+        Ok((out, None))
+    }
+
+    /// The pending records with `delay-id` `id`, one per source partition at most.
+    ///
+    /// # Errors
+    /// A read failure.
+    pub fn find_id(&self, id: &[u8]) -> Result<Vec<(u64, RecordId)>> {
+        let pids = self
+            .partitions
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .by_pid
+            .len();
+        let mut out = Vec::new();
+        for pid in 0..pids {
+            let key = id_key(pid as Pid, id);
+            if let Some(v) = self
+                .db
+                .get_pinned_cf(self.cf(CF_IDS), &key)
+                .map_err(io("id read"))?
+            {
+                if let Some((rid, due)) = split_id_value(&v) {
+                    out.push((due, rid));
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// The earliest due time pending: one seek at the head of the due index, bounded below by
+    /// the low-water mark so that it does not walk over the tombstones of fired records.
+    ///
+    /// # Errors
+    /// A read failure.
+    pub fn earliest_due(&self) -> Result<Option<u64>> {
+        let _writes = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        let low = self.low_water.load(Ordering::Relaxed);
+        let first = self.first_due_from(low)?;
+        if let Some(due) = first {
+            self.low_water.store(due, Ordering::Relaxed);
+        }
+        Ok(first)
+    }
+
+    /// The first due time at or after `from` (a seek bounded below by `from`).
+    ///
+    /// # Errors
+    /// A read failure.
+    pub fn first_due_from(&self, from: u64) -> Result<Option<u64>> {
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(from.to_be_bytes().to_vec());
+        let mut iter = self.db.raw_iterator_cf_opt(self.cf(CF_DUE), opts);
+        iter.seek_to_first();
+        if !iter.valid() {
+            iter.status().map_err(io("due seek"))?;
+            return Ok(None);
+        }
+        Ok(iter.key().and_then(split_due_key).map(|(due, _)| due))
+    }
+
+    /// Due-index entries from `from` (inclusive) up to due time `until_ms` (exclusive), in
+    /// order, at most `limit`: what the scheduler loads as its horizon advances. The iterator
+    /// is bounded on both sides, so deleted entries outside the range are never visited.
+    ///
+    /// # Errors
+    /// A read failure or a corrupt index key.
+    pub fn due_range(
+        &self,
+        from: (u64, RecordId),
+        until_ms: u64,
+        limit: usize,
+    ) -> Result<Vec<(u64, RecordId)>> {
+        let mut out = Vec::new();
+        if from.0 >= until_ms {
+            return Ok(out);
+        }
+        let mut opts = ReadOptions::default();
+        opts.set_iterate_lower_bound(due_key(from.0, from.1).to_vec());
+        opts.set_iterate_upper_bound(until_ms.to_be_bytes().to_vec());
+        let mut iter = self.db.raw_iterator_cf_opt(self.cf(CF_DUE), opts);
+        iter.seek_to_first();
+        while iter.valid() && out.len() < limit {
+            out.push(due_entry_key(&iter)?);
+            iter.next();
+        }
+        iter.status().map_err(io("due range"))?;
+        Ok(out)
+    }
+}

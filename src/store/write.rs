@@ -1,0 +1,392 @@
+//! The store's write paths: ingest batches, deletes after fire, and operators' cancels and
+//! moves. Each runs its read-check-write under the store's mutex and writes one batch that
+//! carries the new value of every pending count it changes, so the persisted counts never
+//! disagree with the records.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use rocksdb::WriteBatch;
+
+use super::codec::{due_key, id_key, id_value, split_id_value};
+use super::stats::PendingStats;
+use super::{
+    io, Applied, IngestOp, Pid, RecordId, Result, Store, StoreError, StoredRecord, CF_COUNTS,
+    CF_DUE, CF_IDS, CF_META, CF_OFFSETS, CF_RECORDS, COUNTS_KEPT,
+};
+
+impl Store {
+    /// Applies the effects of a group of consumed records in one write batch, together with the
+    /// next offset of every source partition in it (group commit: one fsync when `sync` is on).
+    ///
+    /// # Errors
+    /// A read or write failure; nothing is written then.
+    pub fn apply(&self, ops: Vec<IngestOp>) -> Result<Applied> {
+        let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        // Counts change only once the batch is written: (target, due, added).
+        let mut counted: Vec<(String, u64, bool)> = Vec::new();
+        let mut new_targets: HashMap<RecordId, String> = HashMap::new();
+        let mut batch = WriteBatch::default();
+        let mut applied = Applied::default();
+        let mut overlay: HashMap<Vec<u8>, Option<(RecordId, u64)>> = HashMap::new();
+        let mut next: HashMap<Pid, i64> = HashMap::new();
+        let mut delta: i64 = 0;
+        for op in ops {
+            let (pid, offset) = op.position();
+            let entry = next.entry(pid).or_insert(offset + 1);
+            *entry = (*entry).max(offset + 1);
+            match op {
+                IngestOp::Skip { .. } => {}
+                IngestOp::Schedule { schedule, .. } => {
+                    let rid = self.record_id(pid, offset)?;
+                    let due = schedule.due_ms;
+                    if let Some(id) = &schedule.id {
+                        let key = id_key(pid, id);
+                        if let Some((old, old_due)) = self.lookup_id(&overlay, &key)? {
+                            let target = self.target_of(&new_targets, old, old_due)?;
+                            counted.push((target, old_due, false));
+                            batch.delete_cf(self.cf(CF_RECORDS), old.to_bytes());
+                            batch.delete_cf(self.cf(CF_DUE), due_key(old_due, old));
+                            applied.replaced += 1;
+                            delta -= 1;
+                        }
+                        batch.put_cf(self.cf(CF_IDS), &key, id_value(rid, due));
+                        overlay.insert(key, Some((rid, due)));
+                    }
+                    let stored = StoredRecord {
+                        due_ms: due,
+                        target: schedule.target,
+                        id: schedule.id,
+                        key: schedule.key,
+                        value: schedule.value,
+                        headers: schedule.headers,
+                    };
+                    batch.put_cf(self.cf(CF_RECORDS), rid.to_bytes(), stored.encode());
+                    batch.put_cf(self.cf(CF_DUE), due_key(due, rid), stored.target.as_bytes());
+                    counted.push((stored.target.clone(), due, true));
+                    new_targets.insert(rid, stored.target);
+                    applied.inserted.push((due, rid));
+                    delta += 1;
+                }
+                IngestOp::Cancel { id, .. } => {
+                    let key = id_key(pid, &id);
+                    match self.lookup_id(&overlay, &key)? {
+                        Some((old, old_due)) => {
+                            let target = self.target_of(&new_targets, old, old_due)?;
+                            counted.push((target, old_due, false));
+                            batch.delete_cf(self.cf(CF_RECORDS), old.to_bytes());
+                            batch.delete_cf(self.cf(CF_DUE), due_key(old_due, old));
+                            batch.delete_cf(self.cf(CF_IDS), &key);
+                            applied.cancelled += 1;
+                            delta -= 1;
+                        }
+                        None => applied.cancel_missed += 1,
+                    }
+                    overlay.insert(key, None);
+                }
+            }
+        }
+        for (pid, offset) in next {
+            batch.put_cf(self.cf(CF_OFFSETS), pid.to_be_bytes(), offset.to_be_bytes());
+        }
+        self.put_counts(
+            &mut batch,
+            &stats,
+            counted
+                .iter()
+                .map(|(t, due, added)| (t.as_str(), *due, *added)),
+        );
+        self.db
+            .write_opt(batch, &self.write_opts())
+            .map_err(io("ingest write"))?;
+        self.pending.fetch_add(delta, Ordering::Relaxed);
+        if let Some(&(first, _)) = applied.inserted.iter().min() {
+            self.low_water.fetch_min(first, Ordering::Relaxed);
+        }
+        for (target, due, added) in counted {
+            if added {
+                stats.add(&target, due);
+            } else {
+                stats.remove(&target, due);
+            }
+        }
+        Ok(applied)
+    }
+
+    /// The target of a pending record: from this batch, or from its due-index entry.
+    fn target_of(
+        &self,
+        in_batch: &HashMap<RecordId, String>,
+        rid: RecordId,
+        due: u64,
+    ) -> Result<String> {
+        if let Some(t) = in_batch.get(&rid) {
+            return Ok(t.clone());
+        }
+        let v = self
+            .db
+            .get_pinned_cf(self.cf(CF_DUE), due_key(due, rid))
+            .map_err(io("due read"))?;
+        Ok(v.map(|v| String::from_utf8_lossy(&v).into_owned())
+            .unwrap_or_default())
+    }
+
+    fn record_id(&self, pid: Pid, offset: i64) -> Result<RecordId> {
+        RecordId::new(pid, offset).ok_or_else(|| {
+            let (topic, partition) = self.partition_of(pid).unwrap_or_default();
+            StoreError::OffsetRange {
+                topic,
+                partition,
+                offset,
+            }
+        })
+    }
+
+    fn lookup_id(
+        &self,
+        overlay: &HashMap<Vec<u8>, Option<(RecordId, u64)>>,
+        key: &[u8],
+    ) -> Result<Option<(RecordId, u64)>> {
+        if let Some(v) = overlay.get(key) {
+            return Ok(*v);
+        }
+        let Some(v) = self
+            .db
+            .get_pinned_cf(self.cf(CF_IDS), key)
+            .map_err(io("id read"))?
+        else {
+            return Ok(None);
+        };
+        split_id_value(&v).map(Some).ok_or(StoreError::Corrupt {
+            what: "ids",
+            detail: "value is not 16 bytes".into(),
+        })
+    }
+
+    /// Deletes records that were delivered (or dead-lettered), in one batch. A record already
+    /// gone (replaced or cancelled meanwhile) is skipped; an id mapping is deleted only while it
+    /// still points at the deleted record.
+    ///
+    /// # Errors
+    /// A read or write failure; nothing is deleted then.
+    pub fn remove_fired(&self, fired: &[(RecordId, &StoredRecord)]) -> Result<usize> {
+        let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        // Which records are still there, and where their id mappings point: two batched reads
+        // under the lock, not two point reads per record.
+        let keys: Vec<[u8; 8]> = fired.iter().map(|(rid, _)| rid.to_bytes()).collect();
+        let exists = self
+            .db
+            .batched_multi_get_cf(self.cf(CF_RECORDS), keys.iter(), false)
+            .into_iter()
+            .map(|r| r.map(|v| v.is_some()).map_err(io("record read")))
+            .collect::<Result<Vec<bool>>>()?;
+        let id_keys: Vec<(usize, Vec<u8>)> = fired
+            .iter()
+            .enumerate()
+            .filter(|&(i, _)| exists[i])
+            .filter_map(|(i, (rid, rec))| rec.id.as_ref().map(|id| (i, id_key(rid.pid(), id))))
+            .collect();
+        let mapped: HashMap<usize, bool> = id_keys
+            .iter()
+            .zip(self.db.batched_multi_get_cf(
+                self.cf(CF_IDS),
+                id_keys.iter().map(|(_, k)| k),
+                false,
+            ))
+            .map(|((i, _), v)| {
+                let v = v.map_err(io("id read"))?;
+                let rid = fired[*i].0;
+                let to_this = v
+                    .as_deref()
+                    .and_then(split_id_value)
+                    .is_some_and(|(m, _)| m == rid);
+                Ok((*i, to_this))
+            })
+            .collect::<Result<_>>()?;
+        let mut counted: Vec<(&str, u64)> = Vec::new();
+        let mut batch = WriteBatch::default();
+        let mut removed = 0usize;
+        let mut seen = std::collections::HashSet::with_capacity(fired.len());
+        for (i, (rid, rec)) in fired.iter().enumerate() {
+            if !exists[i] || !seen.insert(*rid) {
+                continue;
+            }
+            batch.delete_cf(self.cf(CF_RECORDS), keys[i]);
+            batch.delete_cf(self.cf(CF_DUE), due_key(rec.due_ms, *rid));
+            if mapped.get(&i).copied().unwrap_or(false) {
+                if let Some(id) = &rec.id {
+                    batch.delete_cf(self.cf(CF_IDS), id_key(rid.pid(), id));
+                }
+            }
+            counted.push((&rec.target, rec.due_ms));
+            removed += 1;
+        }
+        if removed > 0 {
+            self.put_counts(
+                &mut batch,
+                &stats,
+                counted.iter().map(|&(t, due)| (t, due, false)),
+            );
+            self.db
+                .write_opt(batch, &self.write_opts())
+                .map_err(io("delete write"))?;
+            self.pending.fetch_sub(removed as i64, Ordering::Relaxed);
+            for (target, due) in counted {
+                stats.remove(target, due);
+            }
+        }
+        Ok(removed)
+    }
+
+    /// Adds to `batch` the new value of every persisted count that `changes` (target, due,
+    /// added) touch, computed from `stats` (the counts before the batch; they are updated once
+    /// the batch is written).
+    fn put_counts<'a>(
+        &self,
+        batch: &mut WriteBatch,
+        stats: &PendingStats,
+        changes: impl IntoIterator<Item = (&'a str, u64, bool)>,
+    ) {
+        for (key, n) in stats.persisted_after(changes) {
+            if n == 0 {
+                batch.delete_cf(self.cf(CF_COUNTS), key);
+            } else {
+                batch.put_cf(self.cf(CF_COUNTS), key, n.to_be_bytes());
+            }
+        }
+    }
+
+    /// Restores the pending counts (at open) and returns how many records are pending, with
+    /// whether that took a scan. The counts are read back from the `counts` column when they
+    /// have been kept there; otherwise (a data directory written before counts were kept)
+    /// every pending record is counted with [`Store::scan_due`] and the counts are written,
+    /// so the next start reads them.
+    ///
+    /// # Errors
+    /// A read or write failure, or corrupt counts.
+    pub(super) fn restore_counts(&self) -> Result<(u64, bool)> {
+        let kept = self
+            .db
+            .get_pinned_cf(self.cf(CF_META), COUNTS_KEPT)
+            .map_err(io("meta read"))?
+            .is_some();
+        if !kept {
+            let count = self.scan_due(|_, _| {})?;
+            let stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+            let mut batch = WriteBatch::default();
+            batch.delete_range_cf(self.cf(CF_COUNTS), [0u8].as_slice(), [0xffu8; 9].as_slice());
+            for (key, n) in stats.persisted() {
+                batch.put_cf(self.cf(CF_COUNTS), key, n.to_be_bytes());
+            }
+            batch.put_cf(self.cf(CF_META), COUNTS_KEPT, b"1");
+            self.db
+                .write_opt(batch, &self.write_opts())
+                .map_err(io("counts write"))?;
+            return Ok((count, true));
+        }
+        let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        let entries = self
+            .db
+            .iterator_cf(self.cf(CF_COUNTS), rocksdb::IteratorMode::Start)
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(io("counts read"))?;
+        *stats = PendingStats::load(entries).map_err(|detail| StoreError::Corrupt {
+            what: "counts",
+            detail,
+        })?;
+        let count = stats.total();
+        self.pending.store(count as i64, Ordering::Relaxed);
+        // Exact to the minute, and never above the earliest pending record: a valid low-water
+        // mark.
+        self.low_water.store(
+            stats.first_minute_ms().unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        Ok((count, false))
+    }
+
+    /// Cancels one pending record (an operator's action). Returns it, `None` when it is not
+    /// pending (fired, cancelled or replaced already).
+    ///
+    /// # Errors
+    /// A read or write failure; nothing changes then.
+    pub fn cancel(&self, rid: RecordId) -> Result<Option<StoredRecord>> {
+        let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(rec) = self.get(&[rid])?.pop().flatten() else {
+            return Ok(None);
+        };
+        let mut batch = WriteBatch::default();
+        batch.delete_cf(self.cf(CF_RECORDS), rid.to_bytes());
+        batch.delete_cf(self.cf(CF_DUE), due_key(rec.due_ms, rid));
+        self.unmap_id(&mut batch, rid, &rec, None)?;
+        self.put_counts(
+            &mut batch,
+            &stats,
+            [(rec.target.as_str(), rec.due_ms, false)],
+        );
+        self.db
+            .write_opt(batch, &self.write_opts())
+            .map_err(io("cancel write"))?;
+        self.pending.fetch_sub(1, Ordering::Relaxed);
+        stats.remove(&rec.target, rec.due_ms);
+        Ok(Some(rec))
+    }
+
+    /// Moves one pending record to a new due time (an operator's action; "fire now" is a move
+    /// to now). The wheel entry at the old time becomes stale and is skipped when it comes up;
+    /// put `(due_ms, rid)` in the wheel. Returns the old due time, `None` when not pending.
+    ///
+    /// # Errors
+    /// A read or write failure; nothing changes then.
+    pub fn reschedule(&self, rid: RecordId, due_ms: u64) -> Result<Option<u64>> {
+        let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(mut rec) = self.get(&[rid])?.pop().flatten() else {
+            return Ok(None);
+        };
+        let old = rec.due_ms;
+        rec.due_ms = due_ms;
+        let mut batch = WriteBatch::default();
+        batch.put_cf(self.cf(CF_RECORDS), rid.to_bytes(), rec.encode());
+        batch.delete_cf(self.cf(CF_DUE), due_key(old, rid));
+        batch.put_cf(self.cf(CF_DUE), due_key(due_ms, rid), rec.target.as_bytes());
+        self.unmap_id(&mut batch, rid, &rec, Some(due_ms))?;
+        let target = rec.target.as_str();
+        self.put_counts(
+            &mut batch,
+            &stats,
+            [(target, old, false), (target, due_ms, true)],
+        );
+        self.db
+            .write_opt(batch, &self.write_opts())
+            .map_err(io("reschedule write"))?;
+        stats.remove(&rec.target, old);
+        stats.add(&rec.target, due_ms);
+        self.low_water.fetch_min(due_ms, Ordering::Relaxed);
+        Ok(Some(old))
+    }
+
+    /// Deletes the id mapping of `rid` (or points it at `new_due`) while it still maps to `rid`.
+    fn unmap_id(
+        &self,
+        batch: &mut WriteBatch,
+        rid: RecordId,
+        rec: &StoredRecord,
+        new_due: Option<u64>,
+    ) -> Result<()> {
+        let Some(id) = &rec.id else { return Ok(()) };
+        let key = id_key(rid.pid(), id);
+        let mapped = self
+            .db
+            .get_pinned_cf(self.cf(CF_IDS), &key)
+            .map_err(io("id read"))?
+            .and_then(|v| split_id_value(&v))
+            .is_some_and(|(m, _)| m == rid);
+        if mapped {
+            match new_due {
+                Some(due) => batch.put_cf(self.cf(CF_IDS), &key, id_value(rid, due)),
+                None => batch.delete_cf(self.cf(CF_IDS), &key),
+            }
+        }
+        Ok(())
+    }
+}
