@@ -1,4 +1,5 @@
-//! Durable state in RocksDB: pending records, the due-time index, ids, and source offsets.
+//! Durable state in RocksDB: pending records, the due-time index, ids, source offsets and pending
+//! counts. `write.rs` holds the write paths, `read.rs` the reads.
 //!
 //! # Durability contract
 //! Ingest: decode -> **one write batch** (records + due index + ids + the source offset) ->
@@ -14,7 +15,11 @@
 //!
 //! Cleanup: a record, its due-index entry and its id mapping are deleted together when it fires,
 //! is cancelled or is replaced, so no column grows without bound; `offsets` and `meta` hold one
-//! entry per source partition.
+//! entry per source partition; `counts` one per target and per due minute that has pending
+//! records (a count that reaches zero is deleted in the same batch).
+//!
+//! Counts: every write batch also carries the new pending counts it changes, so a restart reads
+//! them back instead of scanning the due index (see [`stats`]).
 //!
 //! Every read-check-write (reschedule, cancel, delete after fire) runs under one mutex, so a
 //! reschedule arriving while the old record fires can never lose the new id mapping.
