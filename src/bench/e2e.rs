@@ -15,6 +15,7 @@
 //! produced / in Kafka / ingested / fired goes to stderr each second.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,14 +38,14 @@ pub struct E2eArgs {
     /// Kafka bootstrap servers; without it an embedded cluster (librdkafka's mock) is started.
     #[arg(long)]
     pub brokers: Option<String>,
-    /// Records per throughput run (fewer for large values, so that each partition of the
-    /// embedded cluster stays under the ~5 MB it keeps).
+    /// Records per throughput run.
     #[arg(long, default_value_t = 200_000)]
     pub records: u64,
     /// Value sizes to measure, bytes, comma-separated.
     #[arg(long, default_value = "100,1024")]
     pub value_bytes: String,
-    /// Partitions of every topic.
+    /// Partitions of every topic (at least; a throughput run with large values gets more, so
+    /// that every partition of the embedded cluster stays under about 2 MB).
     #[arg(long, default_value_t = 32)]
     pub partitions: i32,
     /// Records pending in RocksDB (due in 30 days) during the lateness run.
@@ -159,7 +160,7 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
     let kafka = Kafka {
         brokers,
         embedded,
-        partitions: args.partitions,
+        partitions: AtomicI32::new(args.partitions),
     };
     let mut report = E2eReport {
         throughput: Vec::new(),
@@ -171,8 +172,14 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         if args.rate.is_some() {
             break;
         }
-        let cap = 2_000_000 * args.partitions.max(1) as u64 / size.max(1) as u64;
-        let n = args.records.min(cap);
+        // The embedded cluster keeps about 5 MB per partition: enough partitions for 2 MB each.
+        let needed = (args.records * size.max(1) as u64).div_ceil(2_000_000);
+        let partitions = args
+            .partitions
+            .max(1)
+            .max(i32::try_from(needed).unwrap_or(i32::MAX));
+        kafka.partitions.store(partitions, Ordering::Relaxed);
+        let n = args.records;
         // Rounds of the three runs, interleaved, so that a disturbance of the shared machine
         // hits one round rather than one side; the medians are reported.
         let mut rates: [Vec<f64>; 4] = Default::default();
@@ -224,6 +231,7 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
             .first()
             .map(|t| t.broker_per_s * args.load)
     });
+    kafka.partitions.store(args.partitions, Ordering::Relaxed);
     if let Some(rate) = rate {
         let l = kafka
             .lateness(
@@ -270,7 +278,8 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
 struct Kafka {
     brokers: String,
     embedded: Option<Embedded>,
-    partitions: i32,
+    /// Partitions of the topics created next (set per throughput size).
+    partitions: AtomicI32,
 }
 
 /// Parses broker flags as `kafka-delay run` would.
@@ -314,10 +323,11 @@ impl Kafka {
     async fn create(&self, topic: &str, producer: &FutureProducer, config: &Config) {
         match &self.embedded {
             Some(e) => {
-                let _ = e.create_topic(topic, self.partitions);
+                let _ = e.create_topic(topic, self.partitions.load(Ordering::Relaxed));
             }
             None => {
-                let _ = kafka::ensure_topic(config, producer, topic, self.partitions).await;
+                let partitions = self.partitions.load(Ordering::Relaxed);
+                let _ = kafka::ensure_topic(config, producer, topic, partitions).await;
             }
         }
     }
@@ -578,7 +588,7 @@ impl Kafka {
         let produced = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let timeline = tokio::spawn(timeline(
             self.brokers.clone(),
-            self.partitions,
+            self.partitions.load(Ordering::Relaxed),
             running.metrics().clone(),
             src,
             dst,
