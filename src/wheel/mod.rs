@@ -274,8 +274,13 @@ impl<T: Copy> Wheel<T> {
         }
         // The emptied vector goes back into its slot with its capacity, so a slot that fills
         // again does not allocate again (one allocation per occupied millisecond otherwise).
-        if list.capacity() <= KEEP_CAPACITY {
-            self.levels[level].slots[slot] = list;
+        let emptied = &mut self.levels[level].slots[slot];
+        debug_assert!(
+            emptied.is_empty(),
+            "level {level} slot {slot} refilled while being processed"
+        );
+        if list.capacity() <= KEEP_CAPACITY && emptied.is_empty() {
+            *emptied = list;
         }
     }
 
