@@ -186,23 +186,20 @@ impl Store {
             .filter(|&(i, _)| exists[i])
             .filter_map(|(i, (rid, rec))| rec.id.as_ref().map(|id| (i, id_key(rid.pid(), id))))
             .collect();
-        let mapped: HashMap<usize, bool> = id_keys
-            .iter()
-            .zip(self.db.batched_multi_get_cf(
-                self.cf(CF_IDS),
-                id_keys.iter().map(|(_, k)| k),
-                false,
-            ))
-            .map(|((i, _), v)| {
-                let v = v.map_err(io("id read"))?;
-                let rid = fired[*i].0;
-                let to_this = v
-                    .as_deref()
-                    .and_then(split_id_value)
-                    .is_some_and(|(m, _)| m == rid);
-                Ok((*i, to_this))
-            })
-            .collect::<Result<_>>()?;
+        // The id key to delete with each record: only where the mapping still points at it.
+        let mut unmap: Vec<Option<Vec<u8>>> = vec![None; fired.len()];
+        let mapped =
+            self.db
+                .batched_multi_get_cf(self.cf(CF_IDS), id_keys.iter().map(|(_, k)| k), false);
+        for ((i, key), v) in id_keys.into_iter().zip(mapped) {
+            let v = v.map_err(io("id read"))?;
+            if v.as_deref()
+                .and_then(split_id_value)
+                .is_some_and(|(m, _)| m == fired[i].0)
+            {
+                unmap[i] = Some(key);
+            }
+        }
         let mut counted: Vec<(&str, u64)> = Vec::new();
         let mut batch = WriteBatch::default();
         let mut removed = 0usize;
@@ -213,10 +210,8 @@ impl Store {
             }
             batch.delete_cf(self.cf(CF_RECORDS), keys[i]);
             batch.delete_cf(self.cf(CF_DUE), due_key(rec.due_ms, *rid));
-            if mapped.get(&i).copied().unwrap_or(false) {
-                if let Some(id) = &rec.id {
-                    batch.delete_cf(self.cf(CF_IDS), id_key(rid.pid(), id));
-                }
+            if let Some(key) = unmap[i].take() {
+                batch.delete_cf(self.cf(CF_IDS), key);
             }
             counted.push((&rec.target, rec.due_ms));
             removed += 1;
