@@ -91,6 +91,10 @@ pub struct Throughput {
     /// Records per second a consumer with the ingest settings reads, doing nothing else (what
     /// re-consuming pending records from Kafka would cost instead of recovering from RocksDB).
     pub consume_only_per_s: f64,
+    /// CPU time of the whole process (every thread, the embedded cluster's included) per
+    /// record moved, microseconds: passthrough, broker with sync off. Steadier than the rates
+    /// on a shared machine, because a neighbour's load takes wall time, not our CPU time.
+    pub cpu_us_per_record: [f64; 2],
 }
 
 /// The lateness run.
@@ -166,8 +170,8 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         throughput: Vec::new(),
         lateness: None,
     };
-    println!("| value | records x rounds | passthrough rec/s | kafka-delay rec/s | ratio | kafka-delay --sync rec/s | sync / no sync | consume only rec/s |");
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("| value | records x rounds | passthrough rec/s | kafka-delay rec/s | ratio | kafka-delay --sync rec/s | sync / no sync | consume only rec/s | CPU us per record: passthrough / kafka-delay (ratio) |");
+    println!("|---|---|---|---|---|---|---|---|---|");
     for (i, &size) in sizes.iter().enumerate() {
         if args.rate.is_some() {
             break;
@@ -183,6 +187,7 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         // Rounds of the three runs, interleaved, so that a disturbance of the shared machine
         // hits one round rather than one side; the medians are reported.
         let mut rates: [Vec<f64>; 4] = Default::default();
+        let mut cpu: [Vec<f64>; 2] = Default::default();
         for r in 0..args.rounds.max(1) {
             let (pt, consume) = kafka.passthrough(&format!("{i}.{r}"), n, size).await?;
             let off = kafka
@@ -191,19 +196,28 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
             let on = kafka
                 .through_broker(&format!("{i}.{r}b"), n, size, true)
                 .await?;
-            let round = [pt, off, on, consume].map(|d| n as f64 / d.as_secs_f64());
+            let round = [pt.wall, off.wall, on.wall, consume].map(|d| n as f64 / d.as_secs_f64());
+            let us = [pt.cpu, off.cpu].map(|d| d.as_secs_f64() * 1e6 / n as f64);
             eprintln!(
-                "round {r}: passthrough {:.0}/s, kafka-delay {:.0}/s ({:.2}), --sync {:.0}/s",
+                "round {r}: passthrough {:.0}/s, kafka-delay {:.0}/s ({:.2}), --sync {:.0}/s; \
+                 CPU per record {:.2} us / {:.2} us ({:.2})",
                 round[0],
                 round[1],
                 round[1] / round[0],
-                round[2]
+                round[2],
+                us[0],
+                us[1],
+                us[0] / us[1]
             );
             for (all, rate) in rates.iter_mut().zip(round) {
                 all.push(rate);
             }
+            for (all, us) in cpu.iter_mut().zip(us) {
+                all.push(us);
+            }
         }
         let [pt, off, on, consume] = rates.map(median);
+        let cpu_us_per_record = cpu.map(median);
         let row = Throughput {
             value_bytes: size,
             records: n,
@@ -212,16 +226,20 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
             broker_per_s: off,
             broker_sync_per_s: on,
             consume_only_per_s: consume,
+            cpu_us_per_record,
         };
         println!(
-            "| {size} B | {n} x {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} |",
+            "| {size} B | {n} x {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} / {:.2} ({:.2}) |",
             row.rounds,
             row.passthrough_per_s,
             row.broker_per_s,
             row.broker_per_s / row.passthrough_per_s,
             row.broker_sync_per_s,
             row.broker_sync_per_s / row.broker_per_s,
-            row.consume_only_per_s
+            row.consume_only_per_s,
+            cpu_us_per_record[0],
+            cpu_us_per_record[1],
+            cpu_us_per_record[0] / cpu_us_per_record[1]
         );
         report.throughput.push(row);
     }
@@ -303,6 +321,57 @@ fn config(brokers: &str, data_dir: &std::path::Path, extra: &[&str]) -> Result<C
         Command::Run(run) => Ok(run.validate()?),
         _ => Err("not a run command".into()),
     }
+}
+
+/// Wall and process CPU time of one run.
+#[derive(Debug, Clone, Copy)]
+struct Span {
+    wall: Duration,
+    cpu: Duration,
+}
+
+/// Started when a run's first record is consumed.
+#[derive(Debug, Clone, Copy)]
+struct Stopwatch {
+    wall: Instant,
+    cpu: Duration,
+}
+
+impl Stopwatch {
+    fn start() -> Self {
+        Self {
+            wall: Instant::now(),
+            cpu: process_cpu(),
+        }
+    }
+
+    fn stop(self) -> Span {
+        Span {
+            wall: self.wall.elapsed(),
+            cpu: process_cpu().saturating_sub(self.cpu),
+        }
+    }
+}
+
+/// User plus system CPU time of this process, all threads (`/proc/self/stat`, 10 ms ticks);
+/// zero where that cannot be read.
+fn process_cpu() -> Duration {
+    let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
+        return Duration::ZERO;
+    };
+    // Fields after the command name, which is in parentheses and may hold spaces: state is
+    // field 3, utime 14, stime 15.
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map(|(_, rest)| rest.split_whitespace().collect())
+        .unwrap_or_default();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|f| f.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    Duration::from_millis((ticks(11) + ticks(12)) * 10)
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -397,7 +466,7 @@ impl Kafka {
         tag: &str,
         n: u64,
         size: usize,
-    ) -> Result<(Duration, Duration), BenchError> {
+    ) -> Result<(Span, Duration), BenchError> {
         let dir = tempfile::TempDir::new()?;
         let (src, dst) = (format!("bench.pt.{tag}"), format!("bench.pt.{tag}.out"));
         let config = config(
@@ -416,7 +485,7 @@ impl Kafka {
         let mut started = None;
         for _ in 0..n {
             let m = consumer.recv().await?;
-            started.get_or_insert_with(Instant::now);
+            started.get_or_insert_with(Stopwatch::start);
             let mut rec = FutureRecord::to(&dst).payload(m.payload().unwrap_or_default());
             if let Some(k) = m.key() {
                 rec = rec.key(k);
@@ -433,7 +502,7 @@ impl Kafka {
             ack.await?.map_err(|(e, _)| e)?;
             consumer.store_offset(&t, p, o)?;
         }
-        let took = started.map(|s| s.elapsed()).unwrap_or_default();
+        let took = started.unwrap_or_else(Stopwatch::start).stop();
         // Re-consuming the same records, nothing else: what rebuilding state from Kafka costs.
         let mut again_config = crate::ingest::consumer_config(&config);
         again_config.set("group.id", format!("pt-{tag}-again"));
@@ -456,7 +525,7 @@ impl Kafka {
         n: u64,
         size: usize,
         sync: bool,
-    ) -> Result<Duration, BenchError> {
+    ) -> Result<Span, BenchError> {
         let dir = tempfile::TempDir::new()?;
         let (src, dst) = (format!("delay.bench.{tag}"), format!("bench.out.{tag}"));
         let pattern = format!("^delay\\.bench\\.{tag}$");
@@ -486,17 +555,18 @@ impl Kafka {
         let mut started = None;
         loop {
             if started.is_none() && ingested.get() > 0 {
-                started = Some(Instant::now());
+                started = Some(Stopwatch::start());
             }
             if fired.get() >= n && running.store().pending() == 0 {
                 break;
             }
+
             if Instant::now() > deadline {
                 return Err(format!("only {} of {n} delivered in 10 minutes", fired.get()).into());
             }
             tokio::time::sleep(Duration::from_millis(2)).await;
         }
-        let took = started.map(|s| s.elapsed()).unwrap_or_default();
+        let took = started.unwrap_or_else(Stopwatch::start).stop();
         running.shutdown().await;
         Ok(took)
     }

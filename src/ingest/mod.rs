@@ -66,6 +66,10 @@ pub fn consumer_config(config: &Config) -> rdkafka::ClientConfig {
         // Kafka answers a fetch as soon as data arrives; brokers that hold a fetch for its
         // whole wait (librdkafka's mock cluster) would add up to this much to ingest latency.
         ("fetch.wait.max.ms", "100"),
+        // Once more than `queued.min.messages` (100,000) records wait in the local queue,
+        // librdkafka postpones the next fetch by this much (its default is a whole second): a
+        // backlog bigger than that was consumed in bursts with one-second pauses between them.
+        ("fetch.queue.backoff.ms", "10"),
         // Consumer lag per partition for the metrics.
         ("statistics.interval.ms", "5000"),
     ];
@@ -407,5 +411,30 @@ impl Ingest {
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(10));
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::config::{Cli, Command, Config};
+
+    fn config(extra: &[&str]) -> Config {
+        let mut argv = vec!["kafka-delay", "run", "--brokers", "127.0.0.1:9092"];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv).expect("flags parse").command {
+            Command::Run(run) => run.validate().expect("valid"),
+            _ => unreachable!("a run command"),
+        }
+    }
+
+    #[test]
+    fn the_consumer_fetches_again_soon_after_its_queue_drains_unless_told_otherwise() {
+        let c = super::consumer_config(&config(&[]));
+        assert_eq!(c.get("fetch.queue.backoff.ms"), Some("10"));
+        assert_eq!(c.get("enable.auto.offset.store"), Some("false"));
+        let c = super::consumer_config(&config(&["--kafka-config", "fetch.queue.backoff.ms=500"]));
+        assert_eq!(c.get("fetch.queue.backoff.ms"), Some("500"));
     }
 }
