@@ -201,7 +201,7 @@ pub fn fill(args: &FillArgs) -> Result<Filled, FillError> {
     let mut written = 0u64;
     while written < args.count {
         let n = FILL_BATCH.min(args.count - written);
-        let ops = (written..written + n)
+        let ops: Vec<IngestOp> = (written..written + n)
             .map(|i| IngestOp::Schedule {
                 pid,
                 offset: first + i as i64,
@@ -215,7 +215,7 @@ pub fn fill(args: &FillArgs) -> Result<Filled, FillError> {
                 },
             })
             .collect();
-        store.apply(ops)?;
+        store.apply(&ops)?;
         written += n;
         if last_report.elapsed().as_secs() >= 10 {
             let secs = started.elapsed().as_secs_f64();

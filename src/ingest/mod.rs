@@ -261,16 +261,30 @@ impl Ingest {
         let now = self.clock.now_ms();
         let mut ops = Vec::with_capacity(group.len());
         let mut dead = Vec::new();
-        // Last offset per partition in this group, with the partition's store id.
-        let mut last: HashMap<(String, i32), (Pid, i64)> = HashMap::new();
+        // Last offset of each source partition in this group, by the partition's store id.
+        let mut last: HashMap<Pid, (&str, i32, i64)> = HashMap::new();
+        // Records per source topic, for the metric.
+        let mut ingested: Vec<(&str, u64)> = Vec::new();
+        // A group holds runs of records from one partition: its id is looked up once per run.
+        let mut current: Option<(&str, i32, Pid)> = None;
         for m in &group {
             let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
-            let pid = self.partition_id(topic, partition).await;
+            let pid = match current {
+                Some((t, p, pid)) if t == topic && p == partition => pid,
+                _ => {
+                    let pid = self.partition_id(topic, partition).await;
+                    current = Some((topic, partition, pid));
+                    pid
+                }
+            };
             if offset < self.next_offsets.get(&pid).copied().unwrap_or(0) {
                 debug!(%topic, partition, offset, "already stored; skipped");
                 continue; // stored before a crash; Kafka's commit had not caught up
             }
-            self.metrics.ingested.with_label_values(&[topic]).inc();
+            match ingested.iter_mut().find(|(t, _)| *t == topic) {
+                Some((_, n)) => *n += 1,
+                None => ingested.push((topic, 1)),
+            }
             let headers = headers_from(m.headers());
             let incoming = Incoming {
                 topic,
@@ -336,7 +350,10 @@ impl Ingest {
                     });
                 }
             }
-            last.insert((topic.to_owned(), partition), (pid, offset));
+            last.insert(pid, (topic, partition, offset));
+        }
+        for (topic, n) in ingested {
+            self.metrics.ingested.with_label_values(&[topic]).inc_by(n);
         }
         if ops.is_empty() {
             return;
@@ -351,11 +368,11 @@ impl Ingest {
             return;
         };
         crate::failpoint::hit("after-store-write");
-        for ((topic, partition), (pid, offset)) in &last {
-            if let Err(e) = self.consumer.store_offset(topic, *partition, *offset) {
+        for (pid, (topic, partition, offset)) in last {
+            if let Err(e) = self.consumer.store_offset(topic, partition, offset) {
                 debug!(%topic, partition, error = %e, "offset not stored (partition revoked?)");
             }
-            self.next_offsets.insert(*pid, offset + 1);
+            self.next_offsets.insert(pid, offset + 1);
         }
         self.metrics.replaced.inc_by(applied.replaced as u64);
         self.metrics.cancelled.inc_by(applied.cancelled as u64);
@@ -390,6 +407,8 @@ impl Ingest {
     }
 
     async fn apply(&self, ops: Vec<IngestOp>) -> Option<crate::store::Applied> {
+        // Shared with the blocking write, not copied: a retry after a failed write uses it again.
+        let ops = Arc::new(ops);
         let mut delay = Duration::from_millis(100);
         loop {
             if self.stopping.as_ref().is_some_and(|s| *s.borrow()) {
@@ -397,7 +416,7 @@ impl Ingest {
             }
             let store = self.store.clone();
             let batch = ops.clone();
-            match tokio::task::spawn_blocking(move || store.apply(batch)).await {
+            match tokio::task::spawn_blocking(move || store.apply(&batch)).await {
                 Ok(Ok(applied)) => {
                     self.store_healthy.store(true, Ordering::Relaxed);
                     return Some(applied);

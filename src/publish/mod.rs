@@ -197,29 +197,40 @@ impl Publisher {
                 return;
             }
         };
-        for (due, record) in batch.into_iter().zip(records) {
-            let Some(record) = record else {
-                // Cancelled or replaced after it entered the wheel (lazy cancellation).
-                self.metrics.fire_skipped.inc();
-                attempts
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .remove(&due.id);
-                continue;
-            };
-            // Moved later by an operator (the entry at the new time will fire it), or already
-            // being published through another entry.
-            if record.due_ms > due.at_ms
-                || !self
-                    .in_flight_ids
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .insert(due.id)
-            {
-                self.metrics.fire_skipped.inc();
-                continue;
+        // Which records to publish, under one lock for the batch.
+        let mut publish = Vec::with_capacity(batch.len());
+        let mut gone = Vec::new();
+        {
+            let mut in_flight = self.in_flight_ids.lock().unwrap_or_else(|e| e.into_inner());
+            for (due, record) in batch.into_iter().zip(records) {
+                match record {
+                    // Cancelled or replaced after it entered the wheel (lazy cancellation).
+                    None => gone.push(due.id),
+                    // Moved later by an operator (the entry at the new time will fire it), or
+                    // already being published through another entry.
+                    Some(record) if record.due_ms > due.at_ms || !in_flight.insert(due.id) => {
+                        self.metrics.fire_skipped.inc();
+                    }
+                    Some(record) => publish.push((due, record)),
+                }
             }
+        }
+        if !gone.is_empty() {
+            self.metrics.fire_skipped.inc_by(gone.len() as u64);
+            let mut attempts = attempts.lock().unwrap_or_else(|e| e.into_inner());
+            for id in &gone {
+                attempts.remove(id);
+            }
+        }
+        let mut publish = publish.into_iter();
+        while let Some((due, record)) = publish.next() {
             let Ok(permit) = sem.clone().acquire_owned().await else {
+                // Stopping: this one and the rest are not in flight after all.
+                let mut in_flight = self.in_flight_ids.lock().unwrap_or_else(|e| e.into_inner());
+                in_flight.remove(&due.id);
+                for (due, _) in publish {
+                    in_flight.remove(&due.id);
+                }
                 return;
             };
             let outcome_tx = done.clone();
@@ -318,21 +329,15 @@ impl Publisher {
         let mut permits = Vec::with_capacity(outcomes.len());
         let mut retry: Vec<(u64, RecordId)> = Vec::new();
         let ids: Vec<RecordId> = outcomes.iter().map(|o| o.id).collect();
+        // Dead-lettered after failed deliveries: deleted like the delivered ones, not counted.
+        let mut dead_lettered = Vec::new();
         for o in outcomes {
             permits.push(o.permit);
             let err = match o.result {
                 Ok(()) => {
                     self.metrics
-                        .fired
-                        .with_label_values(&[&o.record.target])
-                        .inc();
-                    self.metrics
                         .delivery_lateness
                         .observe(o.reported_ms.saturating_sub(o.record.due_ms) as f64 / 1000.0);
-                    attempts
-                        .lock()
-                        .unwrap_or_else(|e| e.into_inner())
-                        .remove(&o.id);
                     finished.push((o.id, o.record));
                     continue;
                 }
@@ -359,7 +364,7 @@ impl Publisher {
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
                             .remove(&o.id);
-                        finished.push((o.id, o.record));
+                        dead_lettered.push((o.id, o.record));
                     } else {
                         retry.push((now + self.policy.backoff_max_ms, o.id));
                     }
@@ -373,6 +378,8 @@ impl Publisher {
                 }
             }
         }
+        self.count_fired(&finished, attempts);
+        finished.append(&mut dead_lettered);
         if !finished.is_empty() {
             crate::failpoint::hit("after-delivery");
             self.remove(finished).await;
@@ -388,6 +395,26 @@ impl Publisher {
             info!("scheduler stopped; records awaiting a retry fire again after restart");
         }
         self.metrics.pending.set(self.store.pending() as i64);
+    }
+
+    /// Counts delivered records by target and forgets their failed attempts.
+    fn count_fired(&self, delivered: &[(RecordId, StoredRecord)], attempts: &AttemptMap) {
+        let mut by_target: Vec<(&str, u64)> = Vec::new();
+        for (_, record) in delivered {
+            match by_target.iter_mut().find(|(t, _)| *t == record.target) {
+                Some((_, n)) => *n += 1,
+                None => by_target.push((&record.target, 1)),
+            }
+        }
+        for (target, n) in by_target {
+            self.metrics.fired.with_label_values(&[target]).inc_by(n);
+        }
+        let mut attempts = attempts.lock().unwrap_or_else(|e| e.into_inner());
+        if !attempts.is_empty() {
+            for (id, _) in delivered {
+                attempts.remove(id);
+            }
+        }
     }
 
     async fn dead_letter(

@@ -33,7 +33,7 @@ fn a_scheduled_record_survives_reopen_with_its_offset() {
         let store = open(&dir);
         let pid = store.partition_id("delay.in", 3).unwrap();
         let applied = store
-            .apply(vec![IngestOp::Schedule {
+            .apply(&[IngestOp::Schedule {
                 pid,
                 offset: 41,
                 schedule: sched(None, 1_000, "v"),
@@ -64,7 +64,7 @@ fn the_same_id_replaces_and_a_cancel_removes_in_the_same_partition_only() {
     let p0 = store.partition_id("delay.in", 0).unwrap();
     let p1 = store.partition_id("delay.in", 1).unwrap();
     let a = store
-        .apply(vec![
+        .apply(&[
             IngestOp::Schedule {
                 pid: p0,
                 offset: 0,
@@ -79,7 +79,7 @@ fn the_same_id_replaces_and_a_cancel_removes_in_the_same_partition_only() {
         .unwrap();
     assert_eq!(a.replaced, 0);
     let b = store
-        .apply(vec![IngestOp::Schedule {
+        .apply(&[IngestOp::Schedule {
             pid: p0,
             offset: 1,
             schedule: sched(Some("x"), 900, "second"),
@@ -91,7 +91,7 @@ fn the_same_id_replaces_and_a_cancel_removes_in_the_same_partition_only() {
     assert_eq!(store.get(&[first]).unwrap(), vec![None]);
     assert_eq!(pending(&store), vec![(600, a.inserted[1].1), (900, second)]);
     let c = store
-        .apply(vec![
+        .apply(&[
             IngestOp::Cancel {
                 pid: p0,
                 offset: 2,
@@ -116,7 +116,7 @@ fn reschedule_and_cancel_in_one_batch_see_each_other() {
     let store = open(&dir);
     let p = store.partition_id("delay.in", 0).unwrap();
     let a = store
-        .apply(vec![
+        .apply(&[
             IngestOp::Schedule {
                 pid: p,
                 offset: 0,
@@ -150,7 +150,7 @@ fn removing_a_fired_record_keeps_a_newer_mapping_of_its_id() {
     let store = open(&dir);
     let p = store.partition_id("delay.in", 0).unwrap();
     let old = store
-        .apply(vec![IngestOp::Schedule {
+        .apply(&[IngestOp::Schedule {
             pid: p,
             offset: 0,
             schedule: sched(Some("x"), 500, "old"),
@@ -161,7 +161,7 @@ fn removing_a_fired_record_keeps_a_newer_mapping_of_its_id() {
     let old_rec = store.get(&[old]).unwrap()[0].clone().unwrap();
     // While `old` is being delivered, a reschedule arrives.
     let new = store
-        .apply(vec![IngestOp::Schedule {
+        .apply(&[IngestOp::Schedule {
             pid: p,
             offset: 1,
             schedule: sched(Some("x"), 900, "new"),
@@ -176,7 +176,7 @@ fn removing_a_fired_record_keeps_a_newer_mapping_of_its_id() {
     );
     // The new mapping still works: a cancel finds it.
     let c = store
-        .apply(vec![IngestOp::Cancel {
+        .apply(&[IngestOp::Cancel {
             pid: p,
             offset: 2,
             id: b"x".to_vec(),
@@ -215,7 +215,7 @@ fn crash_after_the_batch_before_the_offset_commit_neither_loses_nor_duplicates()
         let store = open(&dir);
         pid = store.partition_id("delay.in", 0).unwrap();
         store
-            .apply(vec![IngestOp::Schedule {
+            .apply(&[IngestOp::Schedule {
                 pid,
                 offset: 0,
                 schedule: sched(None, 500, "v"),
@@ -240,7 +240,7 @@ fn crash_after_delivery_before_the_delete_fires_again_after_restart() {
         let store = open(&dir);
         let pid = store.partition_id("delay.in", 0).unwrap();
         rid = store
-            .apply(vec![IngestOp::Schedule {
+            .apply(&[IngestOp::Schedule {
                 pid,
                 offset: 0,
                 schedule: sched(None, 500, "v"),
@@ -266,7 +266,7 @@ fn crash_after_the_delete_does_not_fire_again() {
         let store = open(&dir);
         let pid = store.partition_id("delay.in", 0).unwrap();
         let rid = store
-            .apply(vec![IngestOp::Schedule {
+            .apply(&[IngestOp::Schedule {
                 pid,
                 offset: 0,
                 schedule: sched(Some("x"), 500, "v"),
@@ -284,7 +284,7 @@ fn crash_after_the_delete_does_not_fire_again() {
     // The id mapping went with it: a cancel of "x" finds nothing.
     let pid = store.partition_id("delay.in", 0).unwrap();
     let c = store
-        .apply(vec![IngestOp::Cancel {
+        .apply(&[IngestOp::Cancel {
             pid,
             offset: 1,
             id: b"x".to_vec(),
@@ -360,13 +360,13 @@ proptest! {
                     let mut s = sched(id.map(|i| format!("id{i}")).as_deref(), due, "v");
                     s.target = format!("t{}", due % 3);
                     let target = s.target.clone();
-                    store.apply(vec![IngestOp::Schedule { pid, offset, schedule: s }]).unwrap();
+                    store.apply(&[IngestOp::Schedule { pid, offset, schedule: s }]).unwrap();
                     model.insert((due, RecordId::new(pid, offset).unwrap()), (id, target));
                     offset += 1;
                 }
                 Op::Cancel { id } => {
                     model.retain(|_, v| v.0 != Some(id));
-                    store.apply(vec![IngestOp::Cancel { pid, offset, id: format!("id{id}").into_bytes() }]).unwrap();
+                    store.apply(&[IngestOp::Cancel { pid, offset, id: format!("id{id}").into_bytes() }]).unwrap();
                     offset += 1;
                 }
                 Op::Fire { upto } => {
@@ -420,7 +420,7 @@ fn a_data_directory_without_kept_counts_is_counted_once_and_then_read_back() {
     {
         let store = open(&dir);
         let pid = store.partition_id("delay.in", 0).unwrap();
-        let ops = (0..10)
+        let ops: Vec<IngestOp> = (0..10)
             .map(|i| {
                 let mut s = sched(None, 60_000 * (i % 4), "v");
                 s.target = format!("t{}", i % 2);
@@ -431,7 +431,7 @@ fn a_data_directory_without_kept_counts_is_counted_once_and_then_read_back() {
                 }
             })
             .collect();
-        store.apply(ops).unwrap();
+        store.apply(&ops).unwrap();
         // What a data directory written before counts were kept looks like.
         store.db.delete_cf(store.cf(CF_META), COUNTS_KEPT).unwrap();
         let mut wipe = rocksdb::WriteBatch::default();
@@ -462,7 +462,7 @@ fn listing_pages_through_the_due_index_with_filters_and_a_budget() {
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
     let pid = store.partition_id("delay.in", 0).unwrap();
-    let ops = (0..10)
+    let ops: Vec<IngestOp> = (0..10)
         .map(|i| {
             let mut s = sched(Some(&format!("id{i}")), 1_000 + i as u64 * 10, "v");
             s.target = if i % 2 == 0 { "even" } else { "odd" }.into();
@@ -473,7 +473,7 @@ fn listing_pages_through_the_due_index_with_filters_and_a_budget() {
             }
         })
         .collect();
-    store.apply(ops).unwrap();
+    store.apply(&ops).unwrap();
     // Page through the odd ones, 2 at a time.
     let mut from = Position::Due(0);
     let mut seen = Vec::new();
@@ -521,14 +521,14 @@ fn due_ranges_are_bounded_on_both_sides_and_resume_after_the_last_entry() {
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
     let pid = store.partition_id("delay.in", 0).unwrap();
-    let ops = (0..10)
+    let ops: Vec<IngestOp> = (0..10)
         .map(|i| IngestOp::Schedule {
             pid,
             offset: i,
             schedule: sched(None, 1_000 + (i as u64 / 2) * 100, "v"),
         })
         .collect();
-    store.apply(ops).unwrap();
+    store.apply(&ops).unwrap();
     let rid = |o| RecordId::new(pid, o).unwrap();
     // [1_100, 1_300): the four entries due at 1_100 and 1_200, in order.
     let all = store.due_range((1_100, RecordId(0)), 1_300, 100).unwrap();
@@ -557,14 +557,14 @@ fn the_head_seek_skips_fired_records_and_still_sees_a_later_insert_below_the_low
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
     let pid = store.partition_id("delay.in", 0).unwrap();
-    let ops = (0..1_000)
+    let ops: Vec<IngestOp> = (0..1_000)
         .map(|i| IngestOp::Schedule {
             pid,
             offset: i,
             schedule: sched(None, 10_000 + i as u64, "v"),
         })
         .collect();
-    let inserted = store.apply(ops).unwrap().inserted;
+    let inserted = store.apply(&ops).unwrap().inserted;
     let fired: Vec<(RecordId, StoredRecord)> = inserted[..900]
         .iter()
         .map(|&(_, r)| (r, store.get(&[r]).unwrap()[0].clone().unwrap()))
@@ -574,7 +574,7 @@ fn the_head_seek_skips_fired_records_and_still_sees_a_later_insert_below_the_low
     assert_eq!(store.earliest_due().unwrap(), Some(10_900));
     // The low-water mark is now 10_900; an overdue record arrives below it.
     store
-        .apply(vec![IngestOp::Schedule {
+        .apply(&[IngestOp::Schedule {
             pid,
             offset: 1_000,
             schedule: sched(None, 5_000, "late"),

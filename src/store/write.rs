@@ -3,12 +3,13 @@
 //! carries the new value of every pending count it changes, so the persisted counts never
 //! disagree with the records.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use rocksdb::WriteBatch;
 
-use super::codec::{due_key, id_key, id_value, split_id_value};
+use super::codec::{due_key, encode_record, id_key, id_value, split_id_value};
 use super::stats::PendingStats;
 use super::{
     io, Applied, IngestOp, Pid, RecordId, Result, Store, StoreError, StoredRecord, CF_COUNTS,
@@ -21,11 +22,11 @@ impl Store {
     ///
     /// # Errors
     /// A read or write failure; nothing is written then.
-    pub fn apply(&self, ops: Vec<IngestOp>) -> Result<Applied> {
+    pub fn apply(&self, ops: &[IngestOp]) -> Result<Applied> {
         let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
         // Counts change only once the batch is written: (target, due, added).
-        let mut counted: Vec<(String, u64, bool)> = Vec::new();
-        let mut new_targets: HashMap<RecordId, String> = HashMap::new();
+        let mut counted: Vec<(Cow<'_, str>, u64, bool)> = Vec::with_capacity(ops.len());
+        let mut new_targets: HashMap<RecordId, &str> = HashMap::new();
         let mut batch = WriteBatch::default();
         let mut applied = Applied::default();
         let mut overlay: HashMap<Vec<u8>, Option<(RecordId, u64)>> = HashMap::new();
@@ -53,23 +54,27 @@ impl Store {
                         batch.put_cf(self.cf(CF_IDS), &key, id_value(rid, due));
                         overlay.insert(key, Some((rid, due)));
                     }
-                    let stored = StoredRecord {
-                        due_ms: due,
-                        target: schedule.target,
-                        id: schedule.id,
-                        key: schedule.key,
-                        value: schedule.value,
-                        headers: schedule.headers,
-                    };
-                    batch.put_cf(self.cf(CF_RECORDS), rid.to_bytes(), stored.encode());
-                    batch.put_cf(self.cf(CF_DUE), due_key(due, rid), stored.target.as_bytes());
-                    counted.push((stored.target.clone(), due, true));
-                    new_targets.insert(rid, stored.target);
+                    let encoded = encode_record(
+                        due,
+                        &schedule.target,
+                        schedule.id.as_deref(),
+                        schedule.key.as_deref(),
+                        schedule.value.as_deref(),
+                        &schedule.headers,
+                    );
+                    batch.put_cf(self.cf(CF_RECORDS), rid.to_bytes(), encoded);
+                    batch.put_cf(
+                        self.cf(CF_DUE),
+                        due_key(due, rid),
+                        schedule.target.as_bytes(),
+                    );
+                    counted.push((Cow::Borrowed(&schedule.target), due, true));
+                    new_targets.insert(rid, &schedule.target);
                     applied.inserted.push((due, rid));
                     delta += 1;
                 }
                 IngestOp::Cancel { id, .. } => {
-                    let key = id_key(pid, &id);
+                    let key = id_key(pid, id);
                     match self.lookup_id(&overlay, &key)? {
                         Some((old, old_due)) => {
                             let target = self.target_of(&new_targets, old, old_due)?;
@@ -94,7 +99,7 @@ impl Store {
             &stats,
             counted
                 .iter()
-                .map(|(t, due, added)| (t.as_str(), *due, *added)),
+                .map(|(t, due, added)| (t.as_ref(), *due, *added)),
         );
         self.db
             .write_opt(batch, &self.write_opts())
@@ -114,21 +119,23 @@ impl Store {
     }
 
     /// The target of a pending record: from this batch, or from its due-index entry.
-    fn target_of(
+    fn target_of<'a>(
         &self,
-        in_batch: &HashMap<RecordId, String>,
+        in_batch: &HashMap<RecordId, &'a str>,
         rid: RecordId,
         due: u64,
-    ) -> Result<String> {
+    ) -> Result<Cow<'a, str>> {
         if let Some(t) = in_batch.get(&rid) {
-            return Ok(t.clone());
+            return Ok(Cow::Borrowed(t));
         }
         let v = self
             .db
             .get_pinned_cf(self.cf(CF_DUE), due_key(due, rid))
             .map_err(io("due read"))?;
-        Ok(v.map(|v| String::from_utf8_lossy(&v).into_owned())
-            .unwrap_or_default())
+        Ok(Cow::Owned(
+            v.map(|v| String::from_utf8_lossy(&v).into_owned())
+                .unwrap_or_default(),
+        ))
     }
 
     fn record_id(&self, pid: Pid, offset: i64) -> Result<RecordId> {
