@@ -8,8 +8,12 @@
 //! on. Each rate is records over the time from the first record consumed to the last one
 //! acknowledged (and, for the broker, deleted from RocksDB).
 //!
+//! Sweep: records due `--delay` after they are produced arrive at rising rates (from a fifth of
+//! the throughput rate, a quarter more per step) until the broker no longer fires them within
+//! 100 ms (p99): the highest rate sustained while the same machine also produces them.
+//!
 //! Lateness: with `--pending` records filled into RocksDB first, records due `--delay` after
-//! they are produced arrive at 70% of the broker's measured rate (or at `--rate`); the target is
+//! they are produced arrive at 70% of the sustained rate (or at `--rate`); the target is
 //! consumed and `delay-fired-ms - delay-due-ms` and arrival minus due are reported, with the
 //! broker's own histograms (the scheduler's lateness, due to acknowledgement). A timeline of
 //! produced / in Kafka / ingested / fired goes to stderr each second.
@@ -57,9 +61,15 @@ pub struct E2eArgs {
     /// Rounds of the throughput runs (medians are reported).
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
-    /// Fraction of the measured broker rate the lateness run produces at.
+    /// Fraction of the highest sustained rate (found by the sweep) the lateness run produces at.
     #[arg(long, default_value_t = 0.7)]
     pub load: f64,
+    /// How long each step of the sweep for the highest sustained rate produces (as long as the
+    /// lateness run: the embedded cluster's produce path slows as its partitions fill). The
+    /// sweep starts at a fifth of the broker's throughput rate and goes up by a quarter per
+    /// step while every record fires within 100 ms (p99) of its due time.
+    #[arg(long, default_value = "20s")]
+    pub sweep_for: String,
     /// How long after it is produced each record of the lateness run is due: longer than
     /// the records take to reach Kafka and be ingested, or the lateness measured is theirs.
     #[arg(long, default_value = "5s")]
@@ -126,11 +136,30 @@ pub struct Lateness {
     pub linger_ms: u64,
 }
 
+/// One step of the sweep for the highest rate the broker sustains while records are produced.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct SweepStep {
+    /// Records per second produced.
+    pub rate_per_s: f64,
+    /// Records produced and received.
+    pub records: u64,
+    /// Received.
+    pub received: u64,
+    /// Fire minus due, p99, ms.
+    pub fire_p99_ms: u64,
+    /// Every record received and fire p99 within 100 ms.
+    pub kept_up: bool,
+}
+
 /// Everything `bench e2e` measured.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct E2eReport {
     /// Throughput rows.
     pub throughput: Vec<Throughput>,
+    /// The sweep for the highest sustained rate.
+    pub sweep: Vec<SweepStep>,
+    /// The highest rate of the sweep that kept up.
+    pub sustained_per_s: Option<f64>,
     /// The lateness run.
     pub lateness: Option<Lateness>,
 }
@@ -166,8 +195,12 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         embedded,
         partitions: AtomicI32::new(args.partitions),
     };
+    let sweep_for = crate::record::time::parse_duration_ms(&args.sweep_for)
+        .map_err(|e| format!("--sweep-for {}: {e}", args.sweep_for))?;
     let mut report = E2eReport {
         throughput: Vec::new(),
+        sweep: Vec::new(),
+        sustained_per_s: None,
         lateness: None,
     };
     println!("| value | records x rounds | passthrough rec/s | kafka-delay rec/s | ratio | kafka-delay --sync rec/s | sync / no sync | consume only rec/s | CPU us per record: passthrough / kafka-delay (ratio) |");
@@ -243,16 +276,59 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         );
         report.throughput.push(row);
     }
-    let rate = args.rate.or_else(|| {
-        report
-            .throughput
-            .first()
-            .map(|t| t.broker_per_s * args.load)
-    });
     kafka.partitions.store(args.partitions, Ordering::Relaxed);
+    // The throughput runs read records produced beforehand; while records are being produced
+    // the same machine also runs the producer and the cluster's produce path, so the rate the
+    // broker sustains then is found by a sweep, and the lateness run goes at `--load` of it.
+    if let (None, Some(ceiling)) = (args.rate, report.throughput.first().map(|t| t.broker_per_s)) {
+        println!();
+        println!("| sweep rate rec/s | records | received | fire p99 ms | kept up |");
+        println!("|---|---|---|---|---|");
+        let mut rate = ceiling / 5.0;
+        for step in 0..8 {
+            if rate > ceiling {
+                break;
+            }
+            let l = kafka
+                .lateness(
+                    &format!(".s{step}"),
+                    0,
+                    rate,
+                    Duration::from_millis(sweep_for),
+                    delay_ms,
+                )
+                .await?;
+            let s = SweepStep {
+                rate_per_s: rate,
+                records: l.records,
+                received: l.received,
+                fire_p99_ms: l.fire_ms[1],
+                kept_up: l.received == l.records && l.fire_ms[1] <= 100,
+            };
+            println!(
+                "| {:.0} | {} | {} | {} | {} |",
+                s.rate_per_s,
+                s.records,
+                s.received,
+                s.fire_p99_ms,
+                if s.kept_up { "yes" } else { "no" }
+            );
+            let kept_up = s.kept_up;
+            report.sweep.push(s);
+            if !kept_up {
+                break;
+            }
+            report.sustained_per_s = Some(rate);
+            rate *= 1.25;
+        }
+    }
+    let rate = args
+        .rate
+        .or_else(|| report.sustained_per_s.map(|r| r * args.load));
     if let Some(rate) = rate {
         let l = kafka
             .lateness(
+                "",
                 args.pending,
                 rate,
                 Duration::from_millis(lateness_for),
@@ -575,6 +651,7 @@ impl Kafka {
     /// `pending` records waiting in RocksDB.
     async fn lateness(
         &self,
+        tag: &str,
         pending: u64,
         rate: f64,
         span: Duration,
@@ -589,16 +666,17 @@ impl Kafka {
             target: "bench.lat.idle".into(),
             source: "delay.bench.filled".into(),
         })?;
-        let (src, dst) = ("delay.bench.lat", "bench.lat.out");
+        let (src, dst) = (
+            format!("delay.bench.lat{tag}"),
+            format!("bench.lat{tag}.out"),
+        );
+        let (src, dst) = (src.as_str(), dst.as_str());
+        let pattern = format!("^delay\\.bench\\.lat{tag}$");
+        let group = format!("kd-lat{tag}");
         let config = config(
             &self.brokers,
             dir.path(),
-            &[
-                "--source-pattern",
-                "^delay\\.bench\\.lat$",
-                "--group-id",
-                "kd-lat",
-            ],
+            &["--source-pattern", &pattern, "--group-id", &group],
         )?;
         let linger_ms = 5;
         let producer = kafka::producer(&config)?;
@@ -616,7 +694,7 @@ impl Kafka {
         }
         let reader: StreamConsumer = ClientConfig::new()
             .set("bootstrap.servers", &self.brokers)
-            .set("group.id", "bench-lat-reader")
+            .set("group.id", format!("bench-lat-reader{tag}"))
             .set("auto.offset.reset", "earliest")
             .set("fetch.wait.max.ms", "10")
             .create()?;
@@ -660,8 +738,8 @@ impl Kafka {
             self.brokers.clone(),
             self.partitions.load(Ordering::Relaxed),
             running.metrics().clone(),
-            src,
-            dst,
+            src.to_owned(),
+            dst.to_owned(),
             produced.clone(),
             total,
         ));
@@ -735,8 +813,8 @@ async fn timeline(
     brokers: String,
     partitions: i32,
     metrics: crate::metrics::Metrics,
-    src: &'static str,
-    dst: &'static str,
+    src: String,
+    dst: String,
     produced: Arc<std::sync::atomic::AtomicU64>,
     total: u64,
 ) {
@@ -752,21 +830,22 @@ async fn timeline(
     loop {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let w = watcher.clone();
+        let topic = src.clone();
         let in_kafka = tokio::task::spawn_blocking(move || {
             (0..partitions)
-                .filter_map(|p| w.fetch_watermarks(src, p, Duration::from_secs(1)).ok())
+                .filter_map(|p| w.fetch_watermarks(&topic, p, Duration::from_secs(1)).ok())
                 .map(|(_, high)| high)
                 .sum::<i64>()
         })
         .await
         .unwrap_or(-1);
-        let fired = metrics.fired.with_label_values(&[dst]).get();
+        let fired = metrics.fired.with_label_values(&[&dst]).get();
         eprintln!(
             "{:4.0} {:9} {:9} {:9} {:9} {:9} {:9}",
             started.elapsed().as_secs_f64(),
             produced.load(std::sync::atomic::Ordering::Relaxed),
             in_kafka,
-            metrics.ingested.with_label_values(&[src]).get(),
+            metrics.ingested.with_label_values(&[&src]).get(),
             fired,
             metrics.pending.get(),
             metrics.wheel_entries.get(),
