@@ -146,6 +146,8 @@ pub struct SweepStep {
     pub records: u64,
     /// Received.
     pub received: u64,
+    /// Fired before their due time.
+    pub early: u64,
     /// Fire minus due, p99, ms.
     pub fire_p99_ms: u64,
     /// Every record received and fire p99 within 100 ms.
@@ -283,8 +285,8 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
     // broker sustains then is found by a sweep, and the lateness run goes at `--load` of it.
     if let (None, Some(ceiling)) = (args.rate, report.throughput.first().map(|t| t.broker_per_s)) {
         println!();
-        println!("| sweep rate rec/s | records | received | fire p99 ms | kept up |");
-        println!("|---|---|---|---|---|");
+        println!("| sweep rate rec/s | records | received | early | fire p99 ms | kept up |");
+        println!("|---|---|---|---|---|---|");
         // Up by a quarter while it keeps up; if the first step does not, down by a fifth until
         // one does.
         let mut rate = ceiling / 5.0;
@@ -306,14 +308,16 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
                 rate_per_s: rate,
                 records: l.records,
                 received: l.received,
+                early: l.early,
                 fire_p99_ms: l.fire_ms[1],
                 kept_up: l.received == l.records && l.fire_ms[1] <= 100,
             };
             println!(
-                "| {:.0} | {} | {} | {} | {} |",
+                "| {:.0} | {} | {} | {} | {} | {} |",
                 s.rate_per_s,
                 s.records,
                 s.received,
+                s.early,
                 s.fire_p99_ms,
                 if s.kept_up { "yes" } else { "no" }
             );
