@@ -5,8 +5,9 @@
 //! records pending without a Kafka that holds them first.
 //!
 //! `bench e2e` (in `e2e.rs`) measures records per second through the broker against a plain
-//! consume-and-produce passthrough with the same client settings on the same Kafka, then
-//! lateness at 70% of that rate with pending records filled in first.
+//! consume-and-produce passthrough with the same client settings on the same Kafka, then the
+//! highest rate it sustains while the records are being produced (a sweep), then lateness at
+//! 70% of that rate with pending records filled in first.
 
 mod e2e;
 
@@ -35,7 +36,8 @@ pub struct BenchArgs {
 pub enum BenchCommand {
     /// Write pending records straight into a data directory (as ingest would store them).
     Fill(FillArgs),
-    /// End-to-end throughput against a plain passthrough, then lateness under load.
+    /// End-to-end throughput against a plain passthrough, the highest sustained rate, then
+    /// lateness under load.
     E2e(E2eArgs),
     /// The head of the due index after millions of fired records were deleted.
     HeadSeek(HeadSeekArgs),
