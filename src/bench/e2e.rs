@@ -75,8 +75,8 @@ pub struct E2eArgs {
     /// the records take to reach Kafka and be ingested, or the lateness measured is theirs.
     #[arg(long, default_value = "5s")]
     pub delay: String,
-    /// Records per second for the lateness run instead of `--load` of a measured rate; the
-    /// throughput runs are skipped.
+    /// Records per second for the lateness run instead of `--load` of the sustained rate; the
+    /// throughput runs and the sweep are skipped.
     #[arg(long)]
     pub rate: Option<f64>,
     /// Where to write the results as JSON.
