@@ -68,7 +68,7 @@ pub struct E2eArgs {
     /// lateness run: the embedded cluster's produce path slows as its partitions fill). The
     /// sweep starts at a fifth of the broker's throughput rate and goes up by a quarter per
     /// step while every record fires within 100 ms (p99) of its due time (down by a fifth per
-    /// step if the first one does not).
+    /// step if the first one does not). `0s` skips the sweep and the lateness run.
     #[arg(long, default_value = "20s")]
     pub sweep_for: String,
     /// How long after it is produced each record of the lateness run is due: longer than
@@ -283,7 +283,8 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
     // The throughput runs read records produced beforehand; while records are being produced
     // the same machine also runs the producer and the cluster's produce path, so the rate the
     // broker sustains then is found by a sweep, and the lateness run goes at `--load` of it.
-    if let (None, Some(ceiling)) = (args.rate, report.throughput.first().map(|t| t.broker_per_s)) {
+    let ceiling = report.throughput.first().map(|t| t.broker_per_s);
+    if let (None, Some(ceiling), true) = (args.rate, ceiling, sweep_for > 0) {
         println!();
         println!("| sweep rate rec/s | records | received | early | fire p99 ms | kept up |");
         println!("|---|---|---|---|---|---|");
