@@ -18,6 +18,7 @@ use crate::ingest::{self, Ingest};
 use crate::kafka::{self, KafkaSetupError};
 use crate::metrics::Metrics;
 use crate::publish::dead_letter::DeadLetters;
+use crate::publish::reports::Reports;
 use crate::publish::{Publisher, RetryPolicy};
 use crate::scheduler::{Scheduler, Wake};
 use crate::store::{Store, StoreError, StoreOptions};
@@ -144,9 +145,11 @@ pub async fn start(
     );
     let mut armed = scheduler.armed();
     let scheduler = tokio::spawn(scheduler.run(insert_rx, due_tx, stop_rest_rx.clone()));
+    let (reports, completions) = Reports::new(clock.clone());
     let publisher = Publisher {
         store: store.clone(),
-        producer: producer.clone(),
+        producer: kafka::publish_producer(&config, reports.clone())?,
+        reports,
         dead: dead.clone(),
         metrics: metrics.clone(),
         clock: clock.clone(),
@@ -158,7 +161,7 @@ pub async fn start(
         in_flight: config.in_flight,
         in_flight_ids: Arc::default(),
     };
-    let publisher = tokio::spawn(publisher.run(due_rx, stop_rest_rx));
+    let publisher = tokio::spawn(publisher.run(due_rx, stop_rest_rx, completions));
 
     let started = Instant::now();
     let _ = armed.wait_for(|a| *a).await;

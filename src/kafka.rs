@@ -71,6 +71,32 @@ pub fn client_config(brokers: &str, client_id: &str, props: &[KafkaProp]) -> Cli
 /// # Errors
 /// [`KafkaSetupError::Client`] for an invalid property.
 pub fn producer(config: &Config) -> Result<FutureProducer, KafkaSetupError> {
+    producer_config(config)
+        .create()
+        .map_err(|source| KafkaSetupError::Client {
+            client: "producer",
+            source,
+        })
+}
+
+/// The producer that publishes due records: [`producer`]'s settings, with every delivery
+/// report sent to the publisher's completion task.
+///
+/// # Errors
+/// [`KafkaSetupError::Client`] for an invalid property.
+pub fn publish_producer(
+    config: &Config,
+    reports: crate::publish::reports::Reports,
+) -> Result<crate::publish::reports::PublishProducer, KafkaSetupError> {
+    producer_config(config)
+        .create_with_context(reports)
+        .map_err(|source| KafkaSetupError::Client {
+            client: "producer",
+            source,
+        })
+}
+
+fn producer_config(config: &Config) -> ClientConfig {
     let mut c = base_config(config);
     c.set("enable.idempotence", "true")
         .set("partitioner", "murmur2_random")
@@ -88,10 +114,7 @@ pub fn producer(config: &Config) -> Result<FutureProducer, KafkaSetupError> {
             c.set(&prop.key, &prop.value);
         }
     }
-    c.create().map_err(|source| KafkaSetupError::Client {
-        client: "producer",
-        source,
-    })
+    c
 }
 
 fn set_default(c: &mut ClientConfig, config: &Config, key: &str, value: &str) {

@@ -12,14 +12,15 @@
 //! so one unavailable target never holds up the others.
 
 pub mod dead_letter;
+pub mod reports;
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer};
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use rdkafka::producer::{BaseRecord, Producer};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tracing::{error, info, warn};
 
 use crate::clock::Clock;
@@ -29,6 +30,7 @@ use crate::record::{names, Header, Reason, Reject};
 use crate::scheduler::{Due, Inserts, Wake};
 use crate::store::{RecordId, Store, StoredRecord};
 use dead_letter::{DeadLetter, DeadLetters, Origin};
+use reports::{Completions, PublishProducer, Reports, Sent};
 
 /// How failed deliveries are retried.
 #[derive(Debug, Clone, Copy)]
@@ -102,9 +104,11 @@ struct Attempts {
 
 type AttemptMap = Arc<Mutex<HashMap<RecordId, Attempts>>>;
 
-struct Outcome {
+/// What became of one produced record.
+#[derive(Debug)]
+pub struct Outcome {
     id: RecordId,
-    record: StoredRecord,
+    record: Arc<StoredRecord>,
     result: Result<(), KafkaError>,
     /// When the delivery report arrived (epoch ms), before any queueing on our side.
     reported_ms: u64,
@@ -116,8 +120,10 @@ struct Outcome {
 pub struct Publisher {
     /// The store.
     pub store: Arc<Store>,
-    /// Idempotent producer.
-    pub producer: FutureProducer,
+    /// Idempotent producer whose delivery reports go to `reports`.
+    pub producer: PublishProducer,
+    /// Where outcomes go (the producer's context holds the same channel).
+    pub reports: Reports,
     /// Dead-letter writer.
     pub dead: DeadLetters,
     /// Metrics.
@@ -147,20 +153,38 @@ impl std::fmt::Debug for Publisher {
 impl Publisher {
     /// Runs until `shutdown` or until the scheduler closes its channel, then finishes the
     /// deliveries in flight (deleting what was acknowledged) and flushes the producer.
-    pub async fn run(self, mut due: mpsc::Receiver<Vec<Due>>, mut shutdown: watch::Receiver<bool>) {
-        let (done_tx, done_rx) = mpsc::unbounded_channel();
+    pub async fn run(
+        self,
+        mut due: mpsc::Receiver<Vec<Due>>,
+        mut shutdown: watch::Receiver<bool>,
+        completions: Completions,
+    ) {
         let sem = Arc::new(Semaphore::new(self.in_flight));
         let attempts: AttemptMap = Arc::default();
-        let completer = tokio::spawn(self.clone().complete(done_rx, attempts.clone()));
+        let (stop_completer, stopped) = oneshot::channel();
+        let completer = tokio::spawn(
+            self.clone()
+                .complete(completions, stopped, attempts.clone()),
+        );
         loop {
             let batch = tokio::select! {
                 biased;
                 _ = shutdown.changed() => break,
                 b = due.recv() => match b { Some(b) => b, None => break },
             };
-            self.fire(batch, &sem, &done_tx, &attempts).await;
+            self.fire(batch, &sem, &attempts).await;
         }
-        drop(done_tx);
+        // Every record between produce and delete holds a permit until its outcome has been
+        // handled: once all are back, nothing is in flight. librdkafka reports every record
+        // within `message.timeout.ms` (30 s).
+        let all = u32::try_from(self.in_flight).unwrap_or(u32::MAX);
+        if tokio::time::timeout(Duration::from_secs(45), sem.acquire_many(all))
+            .await
+            .is_err()
+        {
+            warn!("deliveries still in flight at shutdown; they fire again after restart");
+        }
+        let _ = stop_completer.send(());
         if completer.await.is_err() {
             error!("publish completion task failed");
         }
@@ -172,13 +196,7 @@ impl Publisher {
         }
     }
 
-    async fn fire(
-        &self,
-        batch: Vec<Due>,
-        sem: &Arc<Semaphore>,
-        done: &mpsc::UnboundedSender<Outcome>,
-        attempts: &AttemptMap,
-    ) {
+    async fn fire(&self, batch: Vec<Due>, sem: &Arc<Semaphore>, attempts: &AttemptMap) {
         let ids: Vec<RecordId> = batch.iter().map(|d| d.id).collect();
         let store = self.store.clone();
         let records = match tokio::task::spawn_blocking(move || store.get(&ids)).await {
@@ -233,34 +251,13 @@ impl Publisher {
                 }
                 return;
             };
-            let outcome_tx = done.clone();
-            match self.produce(due.id, &record).await {
-                Ok(delivery) => {
-                    let clock = self.clock.clone();
-                    tokio::spawn(async move {
-                        let result = match delivery.await {
-                            Ok(Ok(_)) => Ok(()),
-                            Ok(Err((e, _))) => Err(e),
-                            Err(_) => Err(KafkaError::Canceled),
-                        };
-                        let _ = outcome_tx.send(Outcome {
-                            id: due.id,
-                            record,
-                            result,
-                            reported_ms: clock.now_ms(),
-                            permit,
-                        });
-                    });
-                }
-                Err(e) => {
-                    let _ = outcome_tx.send(Outcome {
-                        id: due.id,
-                        record,
-                        result: Err(e),
-                        reported_ms: self.clock.now_ms(),
-                        permit,
-                    });
-                }
+            let sent = Box::new(Sent {
+                id: due.id,
+                record: Arc::new(record),
+                permit,
+            });
+            if let Err((e, sent)) = self.produce(sent).await {
+                self.reports.send(*sent, Err(e));
             }
         }
     }
@@ -280,38 +277,48 @@ impl Publisher {
         headers
     }
 
-    async fn produce(
-        &self,
-        id: RecordId,
-        record: &StoredRecord,
-    ) -> Result<DeliveryFuture, KafkaError> {
-        let headers = self.provenance(id, record);
+    /// Hands a record to the producer; its outcome arrives through [`Reports`]. A full queue
+    /// is waited out; any other refusal is returned with the record.
+    async fn produce(&self, mut sent: Box<Sent>) -> Result<(), (KafkaError, Box<Sent>)> {
+        let record = sent.record.clone();
+        let headers = self.provenance(sent.id, &record);
         loop {
-            let mut rec =
-                FutureRecord::<[u8], [u8]>::to(&record.target).headers(headers_to(&headers));
+            let mut rec = BaseRecord::<[u8], [u8], Box<Sent>>::with_opaque_to(&record.target, sent)
+                .headers(headers_to(&headers));
             if let Some(k) = &record.key {
                 rec = rec.key(k.as_slice());
             }
             if let Some(v) = &record.value {
                 rec = rec.payload(v.as_slice());
             }
-            match self.producer.send_result(rec) {
-                Ok(delivery) => return Ok(delivery),
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), _)) => {
+            match self.producer.send(rec) {
+                Ok(()) => return Ok(()),
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), rec)) => {
+                    sent = rec.delivery_opaque;
                     self.metrics
                         .produce_errors
                         .with_label_values(&["queue_full"])
                         .inc();
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                Err((e, _)) => return Err(e),
+                Err((e, rec)) => return Err((e, rec.delivery_opaque)),
             }
         }
     }
 
     /// The completion task: deletes delivered records in batches and routes failures.
-    async fn complete(self, mut rx: mpsc::UnboundedReceiver<Outcome>, attempts: AttemptMap) {
-        while let Some(first) = rx.recv().await {
+    async fn complete(
+        self,
+        completions: Completions,
+        mut stop: oneshot::Receiver<()>,
+        attempts: AttemptMap,
+    ) {
+        let mut rx = completions.0;
+        loop {
+            let first = tokio::select! {
+                o = rx.recv() => match o { Some(o) => o, None => return },
+                _ = &mut stop => return,
+            };
             let mut outcomes = vec![first];
             while outcomes.len() < 1_024 {
                 match rx.try_recv() {
@@ -325,7 +332,7 @@ impl Publisher {
 
     async fn handle(&self, outcomes: Vec<Outcome>, attempts: &AttemptMap) {
         let now = self.clock.now_ms();
-        let mut finished: Vec<(RecordId, StoredRecord)> = Vec::new();
+        let mut finished: Vec<(RecordId, Arc<StoredRecord>)> = Vec::new();
         let mut permits = Vec::with_capacity(outcomes.len());
         let mut retry: Vec<(u64, RecordId)> = Vec::new();
         let ids: Vec<RecordId> = outcomes.iter().map(|o| o.id).collect();
@@ -398,7 +405,7 @@ impl Publisher {
     }
 
     /// Counts delivered records by target and forgets their failed attempts.
-    fn count_fired(&self, delivered: &[(RecordId, StoredRecord)], attempts: &AttemptMap) {
+    fn count_fired(&self, delivered: &[(RecordId, Arc<StoredRecord>)], attempts: &AttemptMap) {
         let mut by_target: Vec<(&str, u64)> = Vec::new();
         for (_, record) in delivered {
             match by_target.iter_mut().find(|(t, _)| *t == record.target) {
@@ -464,7 +471,7 @@ impl Publisher {
         }
     }
 
-    async fn remove(&self, finished: Vec<(RecordId, StoredRecord)>) {
+    async fn remove(&self, finished: Vec<(RecordId, Arc<StoredRecord>)>) {
         let finished = Arc::new(finished);
         let mut delay = Duration::from_millis(50);
         loop {
@@ -472,7 +479,7 @@ impl Publisher {
             let batch = finished.clone();
             let result = tokio::task::spawn_blocking(move || {
                 let refs: Vec<(RecordId, &StoredRecord)> =
-                    batch.iter().map(|(id, r)| (*id, r)).collect();
+                    batch.iter().map(|(id, r)| (*id, &**r)).collect();
                 store.remove_fired(&refs)
             })
             .await;

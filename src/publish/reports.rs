@@ -1,0 +1,80 @@
+//! Delivery reports, straight from librdkafka's polling thread into the completion task.
+//!
+//! Each produced record carries what its outcome needs (its id, the record, the in-flight
+//! permit) as the delivery opaque; the producer's context turns the report into an
+//! [`Outcome`] and sends it on one channel. No task or future per record, and the
+//! acknowledgement time is taken when the report arrives.
+
+use std::sync::Arc;
+
+use rdkafka::message::DeliveryResult;
+use rdkafka::producer::{ProducerContext, ThreadedProducer};
+use rdkafka::ClientContext;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+
+use super::Outcome;
+use crate::clock::Clock;
+use crate::store::{RecordId, StoredRecord};
+
+/// A record handed to the producer, until its delivery report.
+#[derive(Debug)]
+pub struct Sent {
+    pub(crate) id: RecordId,
+    pub(crate) record: Arc<StoredRecord>,
+    pub(crate) permit: OwnedSemaphorePermit,
+}
+
+/// The publishing producer's context: sends every delivery report to the completion task.
+#[derive(Clone)]
+pub struct Reports {
+    tx: mpsc::UnboundedSender<Outcome>,
+    clock: Arc<dyn Clock>,
+}
+
+/// The completion task's end of the reports.
+#[derive(Debug)]
+pub struct Completions(pub(super) mpsc::UnboundedReceiver<Outcome>);
+
+/// The producer that publishes due records.
+pub type PublishProducer = ThreadedProducer<Reports>;
+
+impl std::fmt::Debug for Reports {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Reports").finish_non_exhaustive()
+    }
+}
+
+impl Reports {
+    /// A context and the completion task's end of its channel.
+    pub fn new(clock: Arc<dyn Clock>) -> (Self, Completions) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        (Self { tx, clock }, Completions(rx))
+    }
+
+    /// An outcome known without a report (the produce call itself failed).
+    pub(crate) fn send(&self, sent: Sent, result: Result<(), rdkafka::error::KafkaError>) {
+        let Sent { id, record, permit } = sent;
+        // The receiver lives as long as the publisher; after that nothing waits for outcomes.
+        let _ = self.tx.send(Outcome {
+            id,
+            record,
+            result,
+            reported_ms: self.clock.now_ms(),
+            permit,
+        });
+    }
+}
+
+impl ClientContext for Reports {}
+
+impl ProducerContext for Reports {
+    type DeliveryOpaque = Box<Sent>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, sent: Box<Sent>) {
+        let result = match result {
+            Ok(_) => Ok(()),
+            Err((e, _)) => Err(e.clone()),
+        };
+        self.send(*sent, result);
+    }
+}
