@@ -12,6 +12,21 @@ const LATENESS_BUCKETS: [f64; 18] = [
     60.0, 300.0, 3_600.0,
 ];
 
+/// Adds one to `counter` for each label: one `inc_by` per distinct label rather than a label
+/// lookup per record (a batch of records usually has one or a few).
+pub fn count_each<'a>(counter: &IntCounterVec, labels: impl IntoIterator<Item = &'a str>) {
+    let mut tally: Vec<(&str, u64)> = Vec::new();
+    for label in labels {
+        match tally.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, n)) => *n += 1,
+            None => tally.push((label, 1)),
+        }
+    }
+    for (label, n) in tally {
+        counter.with_label_values(&[label]).inc_by(n);
+    }
+}
+
 /// Every metric of the broker.
 #[derive(Debug, Clone)]
 pub struct Metrics {
@@ -333,6 +348,16 @@ pub fn render(registry: &Registry) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn count_each_adds_one_per_label_occurrence() {
+        let registry = Registry::new();
+        let m = Metrics::new(&registry).unwrap();
+        count_each(&m.fired, ["a", "b", "a", "a"]);
+        count_each(&m.fired, []);
+        assert_eq!(m.fired.with_label_values(&["a"]).get(), 3);
+        assert_eq!(m.fired.with_label_values(&["b"]).get(), 1);
+    }
 
     #[test]
     fn every_metric_registers_once_and_renders() {

@@ -490,10 +490,11 @@ impl Kafka {
         }
     }
 
-    fn producer(&self) -> Result<FutureProducer, BenchError> {
+    /// The benchmark's own producer, batching for up to `linger_ms`.
+    fn producer(&self, linger_ms: u32) -> Result<FutureProducer, BenchError> {
         Ok(ClientConfig::new()
             .set("bootstrap.servers", &self.brokers)
-            .set("linger.ms", "5")
+            .set("linger.ms", linger_ms.to_string())
             .set("queue.buffering.max.messages", "500000")
             .create()?)
     }
@@ -507,7 +508,7 @@ impl Kafka {
         size: usize,
         target: Option<&str>,
     ) -> Result<(), BenchError> {
-        let p = self.producer()?;
+        let p = self.producer(5)?;
         let value = vec![b'v'; size];
         let mut acks = Vec::new();
         for i in 0..n {
@@ -745,11 +746,7 @@ impl Kafka {
         // The load generator batches for up to 50 ms: the embedded cluster searches a
         // partition's message sets linearly on every fetch, so many small batches from the
         // generator would slow Kafka itself down (records are due 5 s after they are produced).
-        let p: FutureProducer = ClientConfig::new()
-            .set("bootstrap.servers", &self.brokers)
-            .set("linger.ms", "50")
-            .set("queue.buffering.max.messages", "500000")
-            .create()?;
+        let p = self.producer(50)?;
         let value = vec![b'v'; 100];
         let delay = delay_ms.to_string();
         let started = Instant::now();

@@ -263,8 +263,8 @@ impl Ingest {
         let mut dead = Vec::new();
         // Last offset of each source partition in this group, by the partition's store id.
         let mut last: HashMap<Pid, (&str, i32, i64)> = HashMap::new();
-        // Records per source topic, for the metric.
-        let mut ingested: Vec<(&str, u64)> = Vec::new();
+        // The source topic of each record taken, for the metric.
+        let mut ingested: Vec<&str> = Vec::with_capacity(group.len());
         // A group holds runs of records from one partition: its id is looked up once per run.
         let mut current: Option<(&str, i32, Pid)> = None;
         for m in &group {
@@ -281,10 +281,7 @@ impl Ingest {
                 debug!(%topic, partition, offset, "already stored; skipped");
                 continue; // stored before a crash; Kafka's commit had not caught up
             }
-            match ingested.iter_mut().find(|(t, _)| *t == topic) {
-                Some((_, n)) => *n += 1,
-                None => ingested.push((topic, 1)),
-            }
+            ingested.push(topic);
             let headers = headers_from(m.headers());
             let incoming = Incoming {
                 topic,
@@ -352,9 +349,7 @@ impl Ingest {
             }
             last.insert(pid, (topic, partition, offset));
         }
-        for (topic, n) in ingested {
-            self.metrics.ingested.with_label_values(&[topic]).inc_by(n);
-        }
+        crate::metrics::count_each(&self.metrics.ingested, ingested);
         if ops.is_empty() {
             return;
         }

@@ -240,15 +240,9 @@ impl Publisher {
                 attempts.remove(id);
             }
         }
-        let mut publish = publish.into_iter();
-        while let Some((due, record)) = publish.next() {
+        for (due, record) in publish {
+            // `run` owns the semaphore and never closes it.
             let Ok(permit) = sem.clone().acquire_owned().await else {
-                // Stopping: this one and the rest are not in flight after all.
-                let mut in_flight = self.in_flight_ids.lock().unwrap_or_else(|e| e.into_inner());
-                in_flight.remove(&due.id);
-                for (due, _) in publish {
-                    in_flight.remove(&due.id);
-                }
                 return;
             };
             let sent = Box::new(Sent {
@@ -406,16 +400,10 @@ impl Publisher {
 
     /// Counts delivered records by target and forgets their failed attempts.
     fn count_fired(&self, delivered: &[(RecordId, Arc<StoredRecord>)], attempts: &AttemptMap) {
-        let mut by_target: Vec<(&str, u64)> = Vec::new();
-        for (_, record) in delivered {
-            match by_target.iter_mut().find(|(t, _)| *t == record.target) {
-                Some((_, n)) => *n += 1,
-                None => by_target.push((&record.target, 1)),
-            }
-        }
-        for (target, n) in by_target {
-            self.metrics.fired.with_label_values(&[target]).inc_by(n);
-        }
+        crate::metrics::count_each(
+            &self.metrics.fired,
+            delivered.iter().map(|(_, r)| r.target.as_str()),
+        );
         let mut attempts = attempts.lock().unwrap_or_else(|e| e.into_inner());
         if !attempts.is_empty() {
             for (id, _) in delivered {
