@@ -1,28 +1,57 @@
-//! Cancellation for the wheel: one bit per handle index.
+//! Cancellation for the wheel: a set of the cancelled handle indices still in the wheel.
 //!
 //! The wheel's entries carry their due time and value inline in the slot vectors, so a cascade
 //! never leaves the vector it is reading. Cancelling must still be O(1) without finding the
-//! entry: a handle names an index here (and the entry's due time). Cancelling sets the index's
-//! bit; the entry stays in its slot until the wheel reaches it (lazy cancellation), is dropped
-//! then, and its index is freed.
+//! entry: a handle names an index here (and the entry's due time). Cancelling puts the index in
+//! a set; the entry stays in its slot until the wheel reaches it (lazy cancellation), is dropped
+//! then, its index leaves the set and is freed.
+//!
+//! The set holds only cancelled entries that the wheel has not reached yet, so its size (and
+//! what a cancel touches) follows the cancellations waiting, not the entries held. A bit per
+//! index did the same work in 1-2 ns while its bitmap stayed in cache, but it grows with the
+//! entries held (1.25 MB at 10M, past this machine's L2) and a cancel then cost 8.7 ns.
 //!
 //! An index is only reused after the wheel has reached its entry, and by then the wheel's time
 //! has passed that entry's due time, which is how the wheel rejects a stale handle
 //! (`handle.due <= elapsed`) before it gets here. So an index has at most one entry in the
-//! wheel, and a set bit always belongs to that entry. While nothing cancelled is waiting in the
-//! wheel, reaching an entry does not read the bits at all.
+//! wheel, and an index in the set always belongs to that entry. While nothing cancelled is
+//! waiting in the wheel, reaching an entry does not look at the set at all.
 
-/// Cancelled bits by index, and the indices free for reuse.
+use std::collections::HashSet;
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// Hashes a handle index by one multiplication (Fibonacci hashing). Indices are dense small
+/// integers handed out by this module, never chosen by an outside party, so no keyed hash is
+/// needed: the multiplication maps distinct low bits to distinct low bits (the bucket) and
+/// spreads every bit into the high ones (the table's tag byte).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct IndexHasher(u64);
+
+impl Hasher for IndexHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+    }
+
+    fn write_u32(&mut self, i: u32) {
+        self.0 = u64::from(i).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    }
+}
+
+/// Cancelled indices still in the wheel, and the indices free for reuse.
 #[derive(Debug, Default)]
 pub(crate) struct Handles {
-    /// Bit `i`: index `i`'s entry is cancelled and still in the wheel.
-    cancelled: Vec<u64>,
+    /// Indices whose entry is cancelled and still in the wheel.
+    cancelled: HashSet<u32, BuildHasherDefault<IndexHasher>>,
     /// Indices handed out so far (every index below this one exists).
     issued: u32,
     /// Indices whose entry the wheel has reached; reused last-in first-out.
     free: Vec<u32>,
-    /// Cancelled entries still in the wheel (set bits).
-    outstanding: usize,
 }
 
 impl Handles {
@@ -40,42 +69,21 @@ impl Handles {
         self.issued = index
             .checked_add(1)
             .expect("timing wheel is full (2^32 entries)");
-        if index as usize / 64 >= self.cancelled.len() {
-            self.cancelled.push(0);
-        }
         index
     }
 
     /// Marks the entry at `index` cancelled; the caller has checked that the entry is still in
-    /// the wheel (its due time is ahead of the wheel's time). False if it already was.
+    /// the wheel (its due time is ahead of the wheel's time). False if it already was, or if
+    /// the index was never handed out.
     pub(crate) fn cancel(&mut self, index: u32) -> bool {
-        let Some(word) = self.cancelled.get_mut(index as usize / 64) else {
-            return false;
-        };
-        let bit = 1u64 << (index % 64);
-        if *word & bit != 0 {
-            return false;
-        }
-        *word |= bit;
-        self.outstanding += 1;
-        true
+        index < self.issued && self.cancelled.insert(index)
     }
 
     /// The wheel has reached the entry at `index`: frees the index and says whether the entry
     /// is live (to be handed out) rather than cancelled.
     pub(crate) fn release(&mut self, index: u32) -> bool {
         self.free.push(index);
-        if self.outstanding == 0 {
-            return true;
-        }
-        let word = &mut self.cancelled[index as usize / 64];
-        let bit = 1u64 << (index % 64);
-        if *word & bit == 0 {
-            return true;
-        }
-        *word &= !bit;
-        self.outstanding -= 1;
-        false
+        self.cancelled.is_empty() || !self.cancelled.remove(&index)
     }
 }
 

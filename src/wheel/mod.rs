@@ -28,9 +28,9 @@
 //!
 //! Memory layout: a slot is a vector of whole entries (due time, value and handle index; 24
 //! bytes for a `u64` value), so a cascade reads one vector front to back and appends to the
-//! vectors below, never following a pointer per entry. Cancellation lives apart, one bit per
-//! handle index (`handles.rs`), read when an entry comes due only while some cancelled entry is
-//! still in the wheel.
+//! vectors below, never following a pointer per entry. Cancellation lives apart, a set of the
+//! cancelled handle indices (`handles.rs`) sized by the cancelled entries still in the wheel,
+//! looked at when an entry comes due only while it is not empty.
 
 mod handles;
 
@@ -51,7 +51,7 @@ pub const RANGE_MS: u64 = 1 << (LEVEL_BITS as u64 * NUM_LEVELS as u64);
 /// Identifies an inserted entry so that it can be cancelled in O(1).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Handle {
-    /// The entry's index in the cancellation bits (`handles.rs`).
+    /// The entry's index for cancellation (`handles.rs`).
     index: u32,
     /// Its due time: once the wheel's time has reached it, the handle is stale.
     due: u64,
@@ -73,7 +73,7 @@ struct Entry<T> {
     due: u64,
     /// The caller's value (for the broker: a record id).
     value: T,
-    /// The entry's index in the cancellation bits (`handles.rs`).
+    /// The entry's index for cancellation (`handles.rs`).
     index: u32,
 }
 
