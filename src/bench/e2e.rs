@@ -403,6 +403,10 @@ fn config(brokers: &str, data_dir: &std::path::Path, extra: &[&str]) -> Result<C
         "127.0.0.1:0",
         "--dead-letter-topic",
         "bench.dlt",
+        // Every run is one member of a group of its own, so static membership (which only
+        // spares a restarted member a rebalance) has nothing to do here, and some
+        // Kafka-protocol brokers (tansu 0.6) mishandle it.
+        "--no-static-membership",
     ];
     argv.extend_from_slice(extra);
     let cli = Cli::try_parse_from(argv)?;
