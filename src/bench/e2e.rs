@@ -131,6 +131,11 @@ pub struct Lateness {
     /// The scheduler's own lateness (the clock when it hands a record to the publisher minus
     /// due), ms, as histogram bucket upper bounds for p50, p99, p99.9.
     pub wheel_ms_at_most: [f64; 3],
+    /// The baseline for the delivery figures: send to acknowledgement, ms (p50, p99, p99.9,
+    /// max), of a plain producer with the broker's producer settings sending one record every
+    /// 10 ms to the same Kafka during the run. What Kafka's produce round trip costs at this
+    /// load, with nothing of kafka-delay in it.
+    pub probe_ack_ms: [u64; 4],
     /// Due this long after being produced.
     pub delay_ms: u64,
     /// The producer's `linger.ms`.
@@ -349,10 +354,10 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
             )
             .await?;
         println!();
-        println!("| pending | rate rec/s | delay ms | records | received | early | wheel p50 / p99 / p99.9 ms (at most) | fire p50 / p99 / p99.9 / max ms | arrival p50 / p99 / p99.9 / max ms | delivery ack p50 / p99 / p99.9 ms (at most) | linger ms |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| pending | rate rec/s | delay ms | records | received | early | wheel p50 / p99 / p99.9 ms (at most) | fire p50 / p99 / p99.9 / max ms | arrival p50 / p99 / p99.9 / max ms | delivery ack p50 / p99 / p99.9 ms (at most) | plain producer ack p50 / p99 / p99.9 / max ms | linger ms |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
         println!(
-            "| {} | {:.0} | {} | {} | {} | {} | {} / {} / {} | {} / {} / {} / {} | {} / {} / {} / {} | {} / {} / {} | {} |",
+            "| {} | {:.0} | {} | {} | {} | {} | {} / {} / {} | {} / {} / {} / {} | {} / {} / {} / {} | {} / {} / {} | {} / {} / {} / {} | {} |",
             l.pending,
             l.rate_per_s,
             l.delay_ms,
@@ -373,6 +378,10 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
             l.delivery_ms_at_most[0],
             l.delivery_ms_at_most[1],
             l.delivery_ms_at_most[2],
+            l.probe_ack_ms[0],
+            l.probe_ack_ms[1],
+            l.probe_ack_ms[2],
+            l.probe_ack_ms[3],
             l.linger_ms
         );
         report.lateness = Some(l);
@@ -702,6 +711,8 @@ impl Kafka {
         self.create(dst, &producer, &config).await;
         // The pending records' target, for the few that come due during the run.
         self.create("bench.lat.idle", &producer, &config).await;
+        let probe_topic = format!("bench.lat{tag}.probe");
+        self.create(&probe_topic, &producer, &config).await;
         let running = app::start(config, Arc::new(SystemClock), Registry::new()).await?;
         let fired = running.metrics().fired.with_label_values(&[dst]);
         // Warm up until the broker consumes: one record, due at once.
@@ -764,6 +775,8 @@ impl Kafka {
             produced.clone(),
             total,
         ));
+        let probing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let probe = tokio::spawn(probe_acks(producer, probe_topic, probing.clone()));
         let mut acks = Vec::new();
         // Paced a millisecond at a time: a timer per record would cost the producer more CPU
         // than the broker spends on the record.
@@ -794,6 +807,8 @@ impl Kafka {
         }
         let (fire, arrival, early) = collector.await?;
         timeline.abort();
+        probing.store(false, Ordering::Relaxed);
+        let probe_ack_ms = percentiles(probe.await?);
         let delivery = bucket_bounds(&running.metrics().delivery_lateness);
         let wheel = bucket_bounds(&running.metrics().fire_lateness);
         let received = fire.len() as u64;
@@ -808,10 +823,33 @@ impl Kafka {
             arrival_ms: percentiles(arrival),
             delivery_ms_at_most: delivery,
             wheel_ms_at_most: wheel,
+            probe_ack_ms,
             delay_ms,
             linger_ms,
         })
     }
+}
+
+/// Sends one 100-byte record to `topic` every 10 ms, each after the last one's acknowledgement,
+/// while `probing`; returns each send-to-acknowledgement time in ms.
+async fn probe_acks(
+    producer: FutureProducer,
+    topic: String,
+    probing: Arc<std::sync::atomic::AtomicBool>,
+) -> Vec<u64> {
+    let value = [b'p'; 100];
+    let mut acks = Vec::new();
+    let mut tick = tokio::time::interval(Duration::from_millis(10));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    while probing.load(Ordering::Relaxed) {
+        tick.tick().await;
+        let sent = Instant::now();
+        let record = FutureRecord::<(), _>::to(&topic).payload(&value[..]);
+        if producer.send(record, Duration::ZERO).await.is_ok() {
+            acks.push(sent.elapsed().as_millis() as u64);
+        }
+    }
+    acks
 }
 
 /// The upper bounds, in ms, of the buckets holding p50, p99 and p99.9 of a histogram in seconds.
