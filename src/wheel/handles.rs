@@ -43,6 +43,10 @@ impl Hasher for IndexHasher {
     }
 }
 
+/// Capacity the cancelled set keeps once it is empty again (a few KB), so that a burst of
+/// cancellations does not hold its memory for good and a trickle does not reallocate.
+const KEEP_CANCELLED: usize = 1_024;
+
 /// Cancelled indices still in the wheel, and the indices free for reuse.
 #[derive(Debug, Default)]
 pub(crate) struct Handles {
@@ -83,7 +87,14 @@ impl Handles {
     /// is live (to be handed out) rather than cancelled.
     pub(crate) fn release(&mut self, index: u32) -> bool {
         self.free.push(index);
-        self.cancelled.is_empty() || !self.cancelled.remove(&index)
+        if self.cancelled.is_empty() || !self.cancelled.remove(&index) {
+            return true;
+        }
+        // The last cancelled entry of a burst is gone: give back what the burst grew the set to.
+        if self.cancelled.is_empty() && self.cancelled.capacity() > KEEP_CANCELLED {
+            self.cancelled.shrink_to(KEEP_CANCELLED);
+        }
+        false
     }
 }
 
@@ -106,5 +117,25 @@ mod tests {
         assert!(h.release(b));
         assert_eq!(h.allocated(), 0);
         assert!(!h.cancel(1_000), "an index never issued");
+    }
+
+    #[test]
+    fn the_cancelled_set_gives_its_memory_back_once_a_burst_has_come_due() {
+        let mut h = Handles::default();
+        let indices: Vec<u32> = (0..100_000).map(|_| h.alloc()).collect();
+        for &i in &indices {
+            assert!(h.cancel(i));
+        }
+        assert!(h.cancelled.capacity() >= 100_000);
+        for &i in &indices[..99_999] {
+            assert!(!h.release(i));
+        }
+        assert!(h.cancelled.capacity() >= 100_000, "kept while one is still waiting");
+        assert!(!h.release(indices[99_999]));
+        assert!(
+            h.cancelled.capacity() <= 2 * KEEP_CANCELLED,
+            "capacity {} after the burst",
+            h.cancelled.capacity()
+        );
     }
 }
