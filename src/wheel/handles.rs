@@ -130,7 +130,10 @@ mod tests {
         for &i in &indices[..99_999] {
             assert!(!h.release(i));
         }
-        assert!(h.cancelled.capacity() >= 100_000, "kept while one is still waiting");
+        assert!(
+            h.cancelled.capacity() >= 100_000,
+            "kept while one is still waiting"
+        );
         assert!(!h.release(indices[99_999]));
         assert!(
             h.cancelled.capacity() <= 2 * KEEP_CANCELLED,
