@@ -19,7 +19,7 @@
 //! produced / in Kafka / ingested / fired goes to stderr each second.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -775,7 +775,7 @@ impl Kafka {
             produced.clone(),
             total,
         ));
-        let probing = Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let probing = Arc::new(AtomicBool::new(true));
         let probe = tokio::spawn(probe_acks(producer, probe_topic, probing.clone()));
         let mut acks = Vec::new();
         // Paced a millisecond at a time: a timer per record would cost the producer more CPU
@@ -832,11 +832,7 @@ impl Kafka {
 
 /// Sends one 100-byte record to `topic` every 10 ms, each after the last one's acknowledgement,
 /// while `probing`; returns each send-to-acknowledgement time in ms.
-async fn probe_acks(
-    producer: FutureProducer,
-    topic: String,
-    probing: Arc<std::sync::atomic::AtomicBool>,
-) -> Vec<u64> {
+async fn probe_acks(producer: FutureProducer, topic: String, probing: Arc<AtomicBool>) -> Vec<u64> {
     let value = [b'p'; 100];
     let mut acks = Vec::new();
     let mut tick = tokio::time::interval(Duration::from_millis(10));

@@ -24,8 +24,8 @@ use std::hash::{BuildHasherDefault, Hasher};
 /// integers handed out by this module, never chosen by an outside party, so no keyed hash is
 /// needed: the multiplication maps distinct low bits to distinct low bits (the bucket) and
 /// spreads every bit into the high ones (the table's tag byte).
-#[derive(Debug, Default, Clone, Copy)]
-pub(crate) struct IndexHasher(u64);
+#[derive(Debug, Default)]
+struct IndexHasher(u64);
 
 impl Hasher for IndexHasher {
     fn finish(&self) -> u64 {
