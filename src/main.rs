@@ -104,6 +104,35 @@ fn main() -> ExitCode {
                     }
                 }
             }
+            kafka_delay::bench::BenchCommand::StoreCycle(a) => {
+                match kafka_delay::bench::store_cycle(&a) {
+                    Ok(rounds) => {
+                        println!("| round | plain RocksDB ns/record | kafka-delay store ns/record | store / plain | in apply / get / remove_fired ns |");
+                        println!("|---|---|---|---|---|");
+                        for (i, c) in rounds.iter().enumerate() {
+                            println!(
+                                "| {} | {:.0} | {:.0} | {:.2} | {:.0} / {:.0} / {:.0} |",
+                                i + 1,
+                                c.baseline_ns,
+                                c.store_ns,
+                                c.store_ns / c.baseline_ns,
+                                c.apply_ns,
+                                c.get_ns,
+                                c.remove_ns
+                            );
+                        }
+                        let mut ratios: Vec<f64> =
+                            rounds.iter().map(|c| c.store_ns / c.baseline_ns).collect();
+                        ratios.sort_by(f64::total_cmp);
+                        println!("median store / plain: {:.2}", ratios[ratios.len() / 2]);
+                        ExitCode::SUCCESS
+                    }
+                    Err(e) => {
+                        eprintln!("kafka-delay: {e}");
+                        ExitCode::from(2)
+                    }
+                }
+            }
             kafka_delay::bench::BenchCommand::E2e(e2e) => {
                 init_logging(false);
                 let result = runtime().and_then(|rt| {

@@ -4,13 +4,17 @@
 //! [`Store::apply`] ingest uses, so that recovery and memory can be measured with millions of
 //! records pending without a Kafka that holds them first.
 //!
+//! `bench store-cycle` (in `cycle.rs`) times the store alone on the broker's path per record.
+//!
 //! `bench e2e` (in `e2e.rs`) measures records per second through the broker against a plain
 //! consume-and-produce passthrough with the same client settings on the same Kafka, then the
 //! highest rate it sustains while the records are being produced (a sweep), then lateness at
 //! 70% of that rate with pending records filled in first.
 
+mod cycle;
 mod e2e;
 
+pub use cycle::{store_cycle, Cycle, CycleArgs};
 pub use e2e::{run_e2e, E2eArgs};
 
 use std::path::PathBuf;
@@ -41,6 +45,9 @@ pub enum BenchCommand {
     E2e(E2eArgs),
     /// The head of the due index after millions of fired records were deleted.
     HeadSeek(HeadSeekArgs),
+    /// The store's cost per record on the broker's path (write, read, delete after delivery)
+    /// against plain RocksDB doing the least a durable store does.
+    StoreCycle(CycleArgs),
 }
 
 /// Flags of `kafka-delay bench head-seek`.

@@ -1,0 +1,286 @@
+//! `kafka-delay bench store-cycle`: what the store costs per record on the broker's path, with
+//! no Kafka in the way: ingest ([`Store::apply`]), the read before publishing ([`Store::get`])
+//! and the delete after the acknowledgement ([`Store::remove_fired`]), in batches, the deletes
+//! lagging the writes by the records in flight. The baseline, in the same run, is the least a
+//! durable store of records does: one write batch putting each record's bytes under its offset
+//! into a fresh RocksDB with default options, one batched read, and one delete batch, with the
+//! same batches and the same lag.
+//!
+//! One thread writes and reads back, another deletes, at most `--in-flight` records behind (the
+//! broker's ingest loop and its completion task); RocksDB's background flushes and compactions
+//! run beside them, in both runs. The figure is wall time per record.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+use clap::Args;
+use rocksdb::{WriteBatch, DB};
+
+use super::FillError;
+use crate::record::Schedule;
+use crate::store::{IngestOp, RecordId, Store, StoreOptions};
+
+/// Flags of `kafka-delay bench store-cycle`.
+#[derive(Debug, Args)]
+pub struct CycleArgs {
+    /// Records through each store.
+    #[arg(long, default_value_t = 400_000)]
+    pub records: u64,
+    /// Records per batch (the ingest loop's and the delete's batch).
+    #[arg(long, default_value_t = 500)]
+    pub batch: usize,
+    /// Records written but not yet deleted (in flight to Kafka), in batches of `--batch`.
+    #[arg(long, default_value_t = 10_000)]
+    pub in_flight: u64,
+    /// Bytes of each record's value.
+    #[arg(long, default_value_t = 100)]
+    pub value_bytes: usize,
+    /// Rounds; each runs the baseline, then the store, and the medians are reported.
+    #[arg(long, default_value_t = 3)]
+    pub rounds: usize,
+}
+
+/// Nanoseconds per record of one round.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Cycle {
+    /// Plain RocksDB: put, read, delete of each record's bytes under one key.
+    pub baseline_ns: f64,
+    /// kafka-delay's store: [`Store::apply`], [`Store::get`], [`Store::remove_fired`].
+    pub store_ns: f64,
+    /// Of the store's run, time spent in [`Store::apply`] per record.
+    pub apply_ns: f64,
+    /// ... in [`Store::get`] (the read before publishing).
+    pub get_ns: f64,
+    /// ... in [`Store::remove_fired`] (on the other thread).
+    pub remove_ns: f64,
+}
+
+/// Runs `args.rounds` rounds and returns each.
+///
+/// # Errors
+/// Bad flags, or RocksDB.
+pub fn store_cycle(args: &CycleArgs) -> Result<Vec<Cycle>, FillError> {
+    if args.batch == 0 || args.records == 0 || args.rounds == 0 {
+        return Err(FillError::Flag(
+            "--batch, --records and --rounds must be above 0".into(),
+        ));
+    }
+    let lag = (args.in_flight / args.batch as u64) as usize;
+    (0..args.rounds)
+        .map(|_| {
+            let baseline_ns = baseline(args, lag)?;
+            let [store_ns, apply_ns, get_ns, remove_ns] = store(args, lag)?;
+            Ok(Cycle {
+                baseline_ns,
+                store_ns,
+                apply_ns,
+                get_ns,
+                remove_ns,
+            })
+        })
+        .collect()
+}
+
+/// Source and target partitions, as in `bench e2e`.
+const PARTITIONS: i32 = 32;
+
+/// The target partition of a key (any hash spreads them like the producer's).
+fn target_partition(key: Option<&[u8]>) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
+    BuildHasherDefault::<DefaultHasher>::default().hash_one(key) % PARTITIONS as u64
+}
+
+fn temp_dir() -> Result<tempfile::TempDir, FillError> {
+    tempfile::TempDir::new().map_err(|e| FillError::Flag(format!("temporary directory: {e}")))
+}
+
+/// Wall ns per record, then ns per record in apply, get and remove.
+fn store(args: &CycleArgs, lag: usize) -> Result<[f64; 4], FillError> {
+    let dir = temp_dir()?;
+    let store = Store::open(dir.path(), StoreOptions { sync: false })?;
+    let pids = (0..PARTITIONS)
+        .map(|p| store.partition_id("delay.bench", p))
+        .collect::<Result<Vec<_>, _>>()?;
+    let value = vec![b'v'; args.value_bytes];
+    let batch = args.batch as u64;
+    let (mut apply_ns, mut get_ns, remove_ns) = (0u128, 0u128, AtomicU64::new(0));
+    let started = Instant::now();
+    pipeline(
+        args,
+        lag,
+        |from, to| {
+            // Batch n comes from source partition n % 32, as the consumer hands out runs of
+            // one partition.
+            let n = from / batch;
+            let pid = pids[(n % PARTITIONS as u64) as usize];
+            let first = n / PARTITIONS as u64 * batch;
+            let ops: Vec<IngestOp> = (from..to)
+                .map(|i| IngestOp::Schedule {
+                    pid,
+                    offset: (first + i - from) as i64,
+                    schedule: Schedule {
+                        id: None,
+                        due_ms: 1_000_000 + i / 64,
+                        target: "bench.out".into(),
+                        key: Some(format!("k{i}").into_bytes()),
+                        value: Some(value.clone()),
+                        headers: Vec::new(),
+                    },
+                })
+                .collect();
+            let t = Instant::now();
+            let ids: Vec<RecordId> = store.apply(&ops)?.inserted.iter().map(|e| e.1).collect();
+            apply_ns += t.elapsed().as_nanos();
+            let t = Instant::now();
+            let records = store.get(&ids)?;
+            get_ns += t.elapsed().as_nanos();
+            let mut fired: Vec<_> = ids
+                .into_iter()
+                .zip(records)
+                .filter_map(|(id, r)| r.map(|r| (id, r)))
+                .collect();
+            // Delivery reports come back grouped by the target's partition (the key's hash).
+            fired.sort_by_key(|(id, r)| (target_partition(r.key.as_deref()), *id));
+            Ok(fired)
+        },
+        |done| {
+            let refs: Vec<_> = done.iter().map(|(id, r)| (*id, r)).collect();
+            let t = Instant::now();
+            store.remove_fired(&refs)?;
+            remove_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
+            Ok(())
+        },
+    )?;
+    let per = |ns: u128| ns as f64 / args.records as f64;
+    let wall = per(started.elapsed().as_nanos());
+    if store.pending() != 0 {
+        return Err(FillError::Flag(format!(
+            "{} records left pending after the cycle",
+            store.pending()
+        )));
+    }
+    Ok([
+        wall,
+        per(apply_ns),
+        per(get_ns),
+        per(u128::from(remove_ns.into_inner())),
+    ])
+}
+
+/// Writes (and reads back) batches on this thread and deletes them on another, at most `lag`
+/// batches behind, as the broker's ingest and its completion task do.
+fn pipeline<T: Send>(
+    args: &CycleArgs,
+    lag: usize,
+    mut write: impl FnMut(u64, u64) -> Result<T, FillError>,
+    delete: impl Fn(T) -> Result<(), FillError> + Send,
+) -> Result<(), FillError> {
+    let (tx, rx) = std::sync::mpsc::sync_channel::<T>(lag.max(1));
+    std::thread::scope(|scope| {
+        let deleter = scope.spawn(move || {
+            for done in rx {
+                delete(done)?;
+            }
+            Ok::<_, FillError>(())
+        });
+        let mut offset = 0u64;
+        let wrote = (|| {
+            while offset < args.records {
+                let to = (offset + args.batch as u64).min(args.records);
+                let batch = write(offset, to)?;
+                offset = to;
+                if tx.send(batch).is_err() {
+                    break;
+                }
+            }
+            Ok::<_, FillError>(())
+        })();
+        drop(tx);
+        let deleted = deleter
+            .join()
+            .unwrap_or_else(|_| Err(FillError::Flag("the delete thread panicked".into())));
+        wrote.and(deleted)
+    })
+}
+
+fn baseline(args: &CycleArgs, lag: usize) -> Result<f64, FillError> {
+    let dir = temp_dir()?;
+    let io = |e: rocksdb::Error| FillError::Flag(format!("baseline RocksDB: {e}"));
+    let mut opts = rocksdb::Options::default();
+    opts.create_if_missing(true);
+    opts.create_missing_column_families(true);
+    let db = DB::open_cf(&opts, dir.path(), ["records"]).map_err(io)?;
+    let cf = db
+        .cf_handle("records")
+        .ok_or_else(|| FillError::Flag("baseline RocksDB lost its column family".into()))?;
+    let value = vec![b'v'; args.value_bytes];
+    let batch_len = args.batch as u64;
+    let started = Instant::now();
+    pipeline(
+        args,
+        lag,
+        |from, to| {
+            // The same keys as the store's record ids: (source partition, offset).
+            let n = from / batch_len;
+            let partition = n % PARTITIONS as u64;
+            let first = n / PARTITIONS as u64 * batch_len;
+            let mut keys: Vec<([u8; 8], Vec<u8>)> = (from..to)
+                .map(|i| {
+                    let id = partition << 48 | (first + i - from);
+                    (id.to_be_bytes(), format!("k{i}").into_bytes())
+                })
+                .collect();
+            let mut batch = WriteBatch::default();
+            for (k, record_key) in &keys {
+                let mut record = record_key.clone();
+                record.extend_from_slice(&value);
+                batch.put_cf(cf, k, record);
+            }
+            db.write(batch).map_err(io)?;
+            for v in db.batched_multi_get_cf(cf, keys.iter().map(|k| &k.0), false) {
+                if v.map_err(io)?.is_none() {
+                    return Err(FillError::Flag("baseline lost a record".into()));
+                }
+            }
+            keys.sort_by_key(|(k, record_key)| (target_partition(Some(record_key)), *k));
+            Ok(keys.into_iter().map(|k| k.0).collect::<Vec<_>>())
+        },
+        |done| {
+            let mut batch = WriteBatch::default();
+            for k in &done {
+                batch.delete_cf(cf, k);
+            }
+            db.write(batch).map_err(io)
+        },
+    )?;
+    Ok(started.elapsed().as_nanos() as f64 / args.records as f64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_cycle_puts_every_record_through_both_stores_and_leaves_none_pending() {
+        let args = CycleArgs {
+            records: 2_345,
+            batch: 100,
+            in_flight: 500,
+            value_bytes: 10,
+            rounds: 2,
+        };
+        let rounds = store_cycle(&args).unwrap();
+        assert_eq!(rounds.len(), 2);
+        for c in &rounds {
+            assert!(c.baseline_ns > 0.0 && c.apply_ns > 0.0 && c.get_ns > 0.0);
+            assert!(c.remove_ns > 0.0);
+            // The writer's share runs on the thread whose wall time is measured.
+            assert!(c.apply_ns + c.get_ns <= c.store_ns);
+        }
+        let zero = CycleArgs { batch: 0, ..args };
+        assert!(store_cycle(&zero)
+            .unwrap_err()
+            .to_string()
+            .contains("--batch"));
+    }
+}
