@@ -6,10 +6,11 @@ use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
 
-/// Lateness buckets in seconds: fine enough to show milliseconds, wide enough for outages.
-const LATENESS_BUCKETS: [f64; 18] = [
-    0.000_5, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
-    60.0, 300.0, 3_600.0,
+/// Lateness buckets in seconds: fine enough to show milliseconds (and to tell 10 ms, the
+/// delivery target with the default linger, from 15 or 20), wide enough for outages.
+const LATENESS_BUCKETS: [f64; 23] = [
+    0.000_5, 0.001, 0.002, 0.003, 0.005, 0.007_5, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25,
+    0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 3_600.0,
 ];
 
 /// Adds one to `counter` for each label: one `inc_by` per distinct label rather than a label
@@ -62,6 +63,9 @@ pub struct Metrics {
     pub fire_lateness: Histogram,
     /// Delivery acknowledgement time minus due time (end to end).
     pub delivery_lateness: Histogram,
+    /// Delivery acknowledgement time minus the time the record was handed to the producer
+    /// (Kafka's produce round trip under the broker's load, linger included).
+    pub produce_round_trip: Histogram,
     /// Records loaded from RocksDB at the last start.
     pub recovered: IntGauge,
     /// 1 once recovery is done and the broker is consuming.
@@ -208,6 +212,10 @@ impl Metrics {
             delivery_lateness: lateness(
                 "kafka_delay_delivery_lateness_seconds",
                 "Time the target acknowledged the record minus its due time.",
+            )?,
+            produce_round_trip: lateness(
+                "kafka_delay_fire_produce_seconds",
+                "Time the target acknowledged the record minus the time it was handed to the producer.",
             )?,
             recovered: reg(
                 registry,

@@ -244,6 +244,19 @@ async fn the_dashboard_queries_only_exported_metrics_and_promtool_accepts_a_real
         Some(1.0)
     );
     assert!(metric(&scrape, "kafka_delay_store_size_bytes").unwrap() > 0.0);
+    // The produce round trip is part of each delivered record's lateness: it starts when the
+    // record is handed to the producer, at or after its due time.
+    let produce = |s| metric(&scrape, &format!("kafka_delay_fire_produce_seconds_{s}")).unwrap();
+    let delivery = |s| {
+        metric(
+            &scrape,
+            &format!("kafka_delay_delivery_lateness_seconds_{s}"),
+        )
+        .unwrap()
+    };
+    assert!(produce("count") >= 2.0, "{scrape}");
+    assert!(produce("count") <= delivery("count"));
+    assert!(produce("sum") <= delivery("sum"), "{scrape}");
 
     let mut checked = 0;
     for (panel, expr) in dashboard_exprs() {

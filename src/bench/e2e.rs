@@ -136,6 +136,10 @@ pub struct Lateness {
     /// 10 ms to the same Kafka during the run. What Kafka's produce round trip costs at this
     /// load, with nothing of kafka-delay in it.
     pub probe_ack_ms: [u64; 4],
+    /// The broker's own produce round trip (handed to its producer to acknowledged), ms, as
+    /// histogram bucket upper bounds for p50, p99, p99.9: the same span as `probe_ack_ms`, for
+    /// the producer that carries the load.
+    pub produce_ms_at_most: [f64; 3],
     /// Due this long after being produced.
     pub delay_ms: u64,
     /// The producer's `linger.ms`.
@@ -354,10 +358,10 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
             )
             .await?;
         println!();
-        println!("| pending | rate rec/s | delay ms | records | received | early | wheel p50 / p99 / p99.9 ms (at most) | fire p50 / p99 / p99.9 / max ms | arrival p50 / p99 / p99.9 / max ms | delivery ack p50 / p99 / p99.9 ms (at most) | plain producer ack p50 / p99 / p99.9 / max ms | linger ms |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| pending | rate rec/s | delay ms | records | received | early | wheel p50 / p99 / p99.9 ms (at most) | fire p50 / p99 / p99.9 / max ms | arrival p50 / p99 / p99.9 / max ms | delivery ack p50 / p99 / p99.9 ms (at most) | kafka-delay's produce ack p50 / p99 / p99.9 ms (at most) | plain producer ack p50 / p99 / p99.9 / max ms | linger ms |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         println!(
-            "| {} | {:.0} | {} | {} | {} | {} | {} / {} / {} | {} / {} / {} / {} | {} / {} / {} / {} | {} / {} / {} | {} / {} / {} / {} | {} |",
+            "| {} | {:.0} | {} | {} | {} | {} | {} / {} / {} | {} / {} / {} / {} | {} / {} / {} / {} | {} / {} / {} | {} / {} / {} | {} / {} / {} / {} | {} |",
             l.pending,
             l.rate_per_s,
             l.delay_ms,
@@ -378,6 +382,9 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
             l.delivery_ms_at_most[0],
             l.delivery_ms_at_most[1],
             l.delivery_ms_at_most[2],
+            l.produce_ms_at_most[0],
+            l.produce_ms_at_most[1],
+            l.produce_ms_at_most[2],
             l.probe_ack_ms[0],
             l.probe_ack_ms[1],
             l.probe_ack_ms[2],
@@ -811,6 +818,7 @@ impl Kafka {
         let probe_ack_ms = percentiles(probe.await?);
         let delivery = bucket_bounds(&running.metrics().delivery_lateness);
         let wheel = bucket_bounds(&running.metrics().fire_lateness);
+        let produce = bucket_bounds(&running.metrics().produce_round_trip);
         let received = fire.len() as u64;
         running.shutdown().await;
         Ok(Lateness {
@@ -824,6 +832,7 @@ impl Kafka {
             delivery_ms_at_most: delivery,
             wheel_ms_at_most: wheel,
             probe_ack_ms,
+            produce_ms_at_most: produce,
             delay_ms,
             linger_ms,
         })

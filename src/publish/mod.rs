@@ -112,6 +112,8 @@ pub struct Outcome {
     result: Result<(), KafkaError>,
     /// When the delivery report arrived (epoch ms), before any queueing on our side.
     reported_ms: u64,
+    /// When the record was handed to the producer (epoch ms).
+    sent_ms: u64,
     permit: OwnedSemaphorePermit,
 }
 
@@ -249,6 +251,7 @@ impl Publisher {
                 id: due.id,
                 record: Arc::new(record),
                 permit,
+                sent_ms: self.clock.now_ms(),
             });
             if let Err((e, sent)) = self.produce(sent).await {
                 self.reports.send(*sent, Err(e));
@@ -257,17 +260,14 @@ impl Publisher {
     }
 
     /// Provenance headers added to every published record.
-    fn provenance(&self, id: RecordId, record: &StoredRecord) -> Vec<Header> {
+    fn provenance(&self, id: RecordId, record: &StoredRecord, fired_ms: u64) -> Vec<Header> {
         let (topic, partition) = self.store.partition_of(id.pid()).unwrap_or_default();
         let mut headers = record.headers.clone();
         headers.push(Header::new(names::ORIGIN_TOPIC, topic));
         headers.push(Header::new(names::ORIGIN_PARTITION, partition.to_string()));
         headers.push(Header::new(names::ORIGIN_OFFSET, id.offset().to_string()));
         headers.push(Header::new(names::DUE_MS, record.due_ms.to_string()));
-        headers.push(Header::new(
-            names::FIRED_MS,
-            self.clock.now_ms().to_string(),
-        ));
+        headers.push(Header::new(names::FIRED_MS, fired_ms.to_string()));
         headers
     }
 
@@ -275,7 +275,7 @@ impl Publisher {
     /// is waited out; any other refusal is returned with the record.
     async fn produce(&self, mut sent: Box<Sent>) -> Result<(), (KafkaError, Box<Sent>)> {
         let record = sent.record.clone();
-        let headers = self.provenance(sent.id, &record);
+        let headers = self.provenance(sent.id, &record, sent.sent_ms);
         loop {
             let mut rec = BaseRecord::<[u8], [u8], Box<Sent>>::with_opaque_to(&record.target, sent)
                 .headers(headers_to(&headers));
@@ -339,6 +339,9 @@ impl Publisher {
                     self.metrics
                         .delivery_lateness
                         .observe(o.reported_ms.saturating_sub(o.record.due_ms) as f64 / 1000.0);
+                    self.metrics
+                        .produce_round_trip
+                        .observe(o.reported_ms.saturating_sub(o.sent_ms) as f64 / 1000.0);
                     finished.push((o.id, o.record));
                     continue;
                 }

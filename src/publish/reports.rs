@@ -22,6 +22,8 @@ pub struct Sent {
     pub(crate) id: RecordId,
     pub(crate) record: Arc<StoredRecord>,
     pub(crate) permit: OwnedSemaphorePermit,
+    /// When it was handed to the producer (epoch ms; its `delay-fired-ms`).
+    pub(crate) sent_ms: u64,
 }
 
 /// The publishing producer's context: sends every delivery report to the completion task.
@@ -53,13 +55,19 @@ impl Reports {
 
     /// An outcome known without a report (the produce call itself failed).
     pub(crate) fn send(&self, sent: Sent, result: Result<(), rdkafka::error::KafkaError>) {
-        let Sent { id, record, permit } = sent;
+        let Sent {
+            id,
+            record,
+            permit,
+            sent_ms,
+        } = sent;
         // The receiver lives as long as the publisher; after that nothing waits for outcomes.
         let _ = self.tx.send(Outcome {
             id,
             record,
             result,
             reported_ms: self.clock.now_ms(),
+            sent_ms,
             permit,
         });
     }
