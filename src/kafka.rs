@@ -96,7 +96,9 @@ pub fn publish_producer(
         })
 }
 
-fn producer_config(config: &Config) -> ClientConfig {
+/// The publishing producer's librdkafka settings (also what `kafka-delay bench` gives its plain
+/// producers, so that they produce as the broker does).
+pub fn producer_config(config: &Config) -> ClientConfig {
     let mut c = base_config(config);
     c.set("enable.idempotence", "true")
         .set("partitioner", "murmur2_random")

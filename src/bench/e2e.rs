@@ -27,9 +27,13 @@ use clap::{Args, Parser};
 use prometheus::core::Metric as _;
 use prometheus::Registry;
 use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::error::RDKafkaErrorCode;
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
-use rdkafka::ClientConfig;
+use rdkafka::producer::{
+    BaseRecord, DeliveryResult, FutureProducer, FutureRecord, Producer, ProducerContext,
+    ThreadedProducer,
+};
+use rdkafka::{ClientConfig, ClientContext};
 
 use crate::app;
 use crate::clock::{Clock, SystemClock};
@@ -79,6 +83,19 @@ pub struct E2eArgs {
     /// throughput runs and the sweep are skipped.
     #[arg(long)]
     pub rate: Option<f64>,
+    /// With `--rate`: instead of the broker, a plain producer with the broker's producer
+    /// settings carries that rate for `--lateness-for` (records like the ones the broker
+    /// publishes: 100 bytes, seven headers, 32 partitions), and each record's send to
+    /// acknowledgement is reported: Kafka's produce round trip under that load, without
+    /// kafka-delay.
+    #[arg(long, requires = "rate")]
+    pub plain_producer: bool,
+    /// With `--plain-producer`: Kafka also carries the rest of a lateness run's traffic at the
+    /// same rate meanwhile (a generator producing to a topic of its own with a 50 ms linger, a
+    /// consumer reading that topic as ingest would, and one reading the plain producer's
+    /// topic as the benchmark's reader does): everything but kafka-delay.
+    #[arg(long, requires = "plain_producer")]
+    pub plain_traffic: bool,
     /// Where to write the results as JSON.
     #[arg(long, default_value = "bench-e2e.json")]
     pub json: PathBuf,
@@ -146,6 +163,21 @@ pub struct Lateness {
     pub linger_ms: u64,
 }
 
+/// A plain producer with the broker's settings carrying a rate on its own (`--plain-producer`).
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PlainLoad {
+    /// Records per second produced.
+    pub rate_per_s: f64,
+    /// Records acknowledged.
+    pub acknowledged: u64,
+    /// Whether the rest of a lateness run's traffic ran beside it (`--plain-traffic`).
+    pub with_traffic: bool,
+    /// Send to acknowledgement, ms: p50, p99, p99.9, max.
+    pub ack_ms: [u64; 4],
+    /// The producer's `linger.ms`.
+    pub linger_ms: u64,
+}
+
 /// One step of the sweep for the highest rate the broker sustains while records are produced.
 #[derive(Debug, Clone, serde::Serialize)]
 pub struct SweepStep {
@@ -174,6 +206,8 @@ pub struct E2eReport {
     pub sustained_per_s: Option<f64>,
     /// The lateness run.
     pub lateness: Option<Lateness>,
+    /// The plain producer carrying `--rate` on its own (`--plain-producer`).
+    pub plain_load: Option<PlainLoad>,
 }
 
 /// Why the benchmark could not run.
@@ -214,7 +248,34 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         sweep: Vec::new(),
         sustained_per_s: None,
         lateness: None,
+        plain_load: None,
     };
+    if let (true, Some(rate)) = (args.plain_producer, args.rate) {
+        let p = kafka
+            .plain_load(
+                rate,
+                Duration::from_millis(lateness_for),
+                args.plain_traffic,
+            )
+            .await?;
+        println!("| plain producer, broker's settings: rate rec/s | rest of the traffic | acknowledged | ack p50 / p99 / p99.9 / max ms | linger ms |");
+        println!("|---|---|---|---|---|");
+        println!(
+            "| {:.0} | {} | {} | {} / {} / {} / {} | {} |",
+            p.rate_per_s,
+            if p.with_traffic { "yes" } else { "no" },
+            p.acknowledged,
+            p.ack_ms[0],
+            p.ack_ms[1],
+            p.ack_ms[2],
+            p.ack_ms[3],
+            p.linger_ms
+        );
+        report.plain_load = Some(p);
+        std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)?;
+        println!("\nwritten to {}", args.json.display());
+        return Ok(report);
+    }
     println!("| value | records x rounds | passthrough rec/s | kafka-delay rec/s | ratio | kafka-delay --sync rec/s | sync / no sync | consume only rec/s | CPU us per record: passthrough / kafka-delay (ratio) |");
     println!("|---|---|---|---|---|---|---|---|---|");
     for (i, &size) in sizes.iter().enumerate() {
@@ -839,6 +900,182 @@ impl Kafka {
     }
 }
 
+/// Delivery reports of a plain producer: each record's send-to-acknowledgement time, taken in
+/// the delivery callback as the broker's publisher takes its own.
+#[derive(Debug, Default)]
+struct AckTimes(std::sync::Mutex<Vec<u64>>);
+
+impl ClientContext for AckTimes {}
+
+impl ProducerContext for AckTimes {
+    type DeliveryOpaque = Box<Instant>;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, sent: Box<Instant>) {
+        if result.is_ok() {
+            let ms = sent.elapsed().as_millis() as u64;
+            self.0.lock().unwrap_or_else(|e| e.into_inner()).push(ms);
+        }
+    }
+}
+
+impl Kafka {
+    /// A plain producer with the broker's producer settings sends `rate` records a second for
+    /// `span` to a topic of its own (100-byte values, keys and seven headers like the records
+    /// the broker publishes), paced a millisecond at a time.
+    async fn plain_load(
+        &self,
+        rate: f64,
+        span: Duration,
+        traffic: bool,
+    ) -> Result<PlainLoad, BenchError> {
+        let dir = tempfile::TempDir::new()?;
+        let config = config(&self.brokers, dir.path(), &[])?;
+        let topic = format!("bench.plain.{}", std::process::id());
+        let source = format!("bench.plain.{}.source", std::process::id());
+        let admin = kafka::producer(&config)?;
+        self.create(&topic, &admin, &config).await;
+        self.create(&source, &admin, &config).await;
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut rest = Vec::new();
+        if traffic {
+            rest.push(tokio::spawn(generate(
+                self.producer(50)?,
+                source.clone(),
+                rate,
+                span,
+            )));
+            for (t, group) in [(&source, "ingest"), (&topic, "reader")] {
+                let consumer: StreamConsumer = crate::ingest::consumer_config(&config)
+                    .set(
+                        "group.id",
+                        format!("bench-plain-{group}-{}", std::process::id()),
+                    )
+                    .create()?;
+                consumer.subscribe(&[t.as_str()])?;
+                rest.push(tokio::spawn(drain(consumer, stop.clone())));
+            }
+        }
+        let settings = kafka::producer_config(&config);
+        let linger_ms = settings
+            .get("linger.ms")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let producer: ThreadedProducer<AckTimes> =
+            settings.create_with_context(AckTimes::default())?;
+        let value = vec![b'v'; 100];
+        // Warm up: the topic's metadata and one round trip to every partition's leader, so that
+        // the figures are not the first records waiting for metadata.
+        for partition in 0..self.partitions.load(Ordering::Relaxed) {
+            let record = BaseRecord::<(), _, _>::with_opaque_to(&topic, Box::new(Instant::now()))
+                .partition(partition)
+                .payload(&value);
+            producer.send(record).map_err(|(e, _)| e)?;
+        }
+        let producer = tokio::task::spawn_blocking(move || {
+            producer.flush(Duration::from_secs(30)).map(|()| producer)
+        })
+        .await??;
+        producer
+            .context()
+            .0
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clear();
+        let total = (rate * span.as_secs_f64()) as u64;
+        let started = Instant::now();
+        let mut i = 0;
+        while i < total {
+            let by_now = ((started.elapsed().as_secs_f64() * rate) as u64 + 1).min(total);
+            while i < by_now {
+                let key = format!("l{i}");
+                let now = SystemClock.now_ms().to_string();
+                let offset = i.to_string();
+                let mut headers = OwnedHeaders::new_with_capacity(7);
+                for (k, v) in [
+                    ("delay-target", topic.as_str()),
+                    ("delay-after", "5000"),
+                    ("delay-origin-topic", "delay.bench.plain"),
+                    ("delay-origin-partition", "0"),
+                    ("delay-origin-offset", &offset),
+                    ("delay-due-ms", &now),
+                    ("delay-fired-ms", &now),
+                ] {
+                    headers = headers.insert(Header {
+                        key: k,
+                        value: Some(v),
+                    });
+                }
+                let record = BaseRecord::with_opaque_to(&topic, Box::new(Instant::now()))
+                    .key(&key)
+                    .payload(&value)
+                    .headers(headers);
+                match producer.send(record) {
+                    Ok(()) => i += 1,
+                    Err((e, _)) if e.rdkafka_error_code() == Some(RDKafkaErrorCode::QueueFull) => {
+                        break
+                    }
+                    Err((e, _)) => return Err(e.into()),
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        stop.store(true, Ordering::Relaxed);
+        for task in rest {
+            task.await?;
+        }
+        tokio::task::spawn_blocking(move || {
+            let _ = producer.flush(Duration::from_secs(30));
+            let acks = std::mem::take(
+                &mut *producer
+                    .context()
+                    .0
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner()),
+            );
+            Ok(PlainLoad {
+                rate_per_s: rate,
+                acknowledged: acks.len() as u64,
+                with_traffic: traffic,
+                ack_ms: percentiles(acks),
+                linger_ms,
+            })
+        })
+        .await?
+    }
+}
+
+/// Produces `rate` 100-byte records a second to `topic` for `span`, paced a millisecond at a
+/// time, as the lateness run's generator does.
+async fn generate(producer: FutureProducer, topic: String, rate: f64, span: Duration) {
+    let value = vec![b'v'; 100];
+    let total = (rate * span.as_secs_f64()) as u64;
+    let started = Instant::now();
+    let mut acks = Vec::new();
+    let mut i = 0;
+    while i < total {
+        let by_now = ((started.elapsed().as_secs_f64() * rate) as u64 + 1).min(total);
+        while i < by_now {
+            let key = format!("g{i}");
+            match producer.send_result(FutureRecord::to(&topic).key(&key).payload(&value)) {
+                Ok(ack) => acks.push(ack),
+                Err(_) => break, // the local queue is full: again in a millisecond
+            }
+            i += 1;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    for ack in acks {
+        let _ = ack.await;
+    }
+}
+
+/// Reads with `consumer` until `stop`, doing nothing with the records.
+async fn drain(consumer: StreamConsumer, stop: Arc<AtomicBool>) {
+    while !stop.load(Ordering::Relaxed) {
+        let _ = tokio::time::timeout(Duration::from_millis(100), consumer.recv()).await;
+    }
+}
+
 /// Sends one 100-byte record to `topic` every 10 ms, each after the last one's acknowledgement,
 /// while `probing`; returns each send-to-acknowledgement time in ms.
 async fn probe_acks(producer: FutureProducer, topic: String, probing: Arc<AtomicBool>) -> Vec<u64> {
@@ -917,5 +1154,27 @@ async fn timeline(
         if fired > total {
             return;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::config::Cli;
+
+    #[test]
+    fn the_plain_producer_baseline_needs_a_rate_and_its_traffic_needs_the_baseline() {
+        let parse = |args: &[&str]| {
+            let mut argv = vec!["kafka-delay", "bench", "e2e"];
+            argv.extend_from_slice(args);
+            Cli::try_parse_from(argv)
+                .map(drop)
+                .map_err(|e| e.to_string())
+        };
+        assert!(parse(&["--plain-producer"]).unwrap_err().contains("--rate"));
+        let traffic = parse(&["--rate", "10", "--plain-traffic"]).unwrap_err();
+        assert!(traffic.contains("--plain-producer"), "{traffic}");
+        assert!(parse(&["--rate", "10", "--plain-producer", "--plain-traffic"]).is_ok());
     }
 }
