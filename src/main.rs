@@ -107,7 +107,7 @@ fn main() -> ExitCode {
             kafka_delay::bench::BenchCommand::StoreCycle(a) => {
                 match kafka_delay::bench::store_cycle(&a) {
                     Ok(rounds) => {
-                        println!("| round | plain RocksDB ns/record | kafka-delay store ns/record | store / plain | in apply / get / remove_fired ns |");
+                        println!("| round | plain RocksDB ns/record | kafka-delay store ns/record | store / plain | in apply / get / remove_delivered ns |");
                         println!("|---|---|---|---|---|");
                         for (i, c) in rounds.iter().enumerate() {
                             println!(

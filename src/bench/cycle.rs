@@ -1,6 +1,6 @@
 //! `kafka-delay bench store-cycle`: what the store costs per record on the broker's path, with
 //! no Kafka in the way: ingest ([`Store::apply`]), the read before publishing ([`Store::get`])
-//! and the delete after the acknowledgement ([`Store::remove_fired`]), in batches, the deletes
+//! and the delete after the acknowledgement ([`Store::remove_delivered`]), in batches, the deletes
 //! lagging the writes by the records in flight. The baseline, in the same run, is the least a
 //! durable store of records does: one write batch putting each record's bytes under its offset
 //! into a fresh RocksDB with default options, one batched read, and one delete batch, with the
@@ -45,13 +45,13 @@ pub struct CycleArgs {
 pub struct Cycle {
     /// Plain RocksDB: put, read, delete of each record's bytes under one key.
     pub baseline_ns: f64,
-    /// kafka-delay's store: [`Store::apply`], [`Store::get`], [`Store::remove_fired`].
+    /// kafka-delay's store: [`Store::apply`], [`Store::get`], [`Store::remove_delivered`].
     pub store_ns: f64,
     /// Of the store's run, time spent in [`Store::apply`] per record.
     pub apply_ns: f64,
     /// ... in [`Store::get`] (the read before publishing).
     pub get_ns: f64,
-    /// ... in [`Store::remove_fired`] (on the other thread).
+    /// ... in [`Store::remove_delivered`] (on the other thread).
     pub remove_ns: f64,
 }
 
@@ -132,6 +132,7 @@ fn store(args: &CycleArgs, lag: usize) -> Result<[f64; 4], FillError> {
             let ids: Vec<RecordId> = store.apply(&ops)?.inserted.iter().map(|e| e.1).collect();
             apply_ns += t.elapsed().as_nanos();
             let t = Instant::now();
+            let read_at = store.changes();
             let records = store.get(&ids)?;
             get_ns += t.elapsed().as_nanos();
             let mut fired: Vec<_> = ids
@@ -141,12 +142,12 @@ fn store(args: &CycleArgs, lag: usize) -> Result<[f64; 4], FillError> {
                 .collect();
             // Delivery reports come back grouped by the target's partition (the key's hash).
             fired.sort_by_key(|(id, r)| (target_partition(r.key.as_deref()), *id));
-            Ok(fired)
+            Ok((read_at, fired))
         },
-        |done| {
+        |(read_at, done)| {
             let refs: Vec<_> = done.iter().map(|(id, r)| (*id, r)).collect();
             let t = Instant::now();
-            store.remove_fired(&refs)?;
+            store.remove_delivered(&refs, read_at)?;
             remove_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             Ok(())
         },

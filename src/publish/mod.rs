@@ -114,6 +114,8 @@ pub struct Outcome {
     reported_ms: u64,
     /// When the record was handed to the producer (epoch ms).
     sent_ms: u64,
+    /// The store's change count before the record was read ([`Store::changes`]).
+    read_at: u64,
     permit: OwnedSemaphorePermit,
 }
 
@@ -199,9 +201,27 @@ impl Publisher {
     }
 
     async fn fire(&self, batch: Vec<Due>, sem: &Arc<Semaphore>, attempts: &AttemptMap) {
+        // Claim each record before reading it: one already being published through another
+        // timer (an operator moved it) is skipped, and one read after its claim stays in the
+        // store until this publisher deletes it, unless the store's change count moves (see
+        // `Store::remove_delivered`).
+        let due = batch.len();
+        let batch: Vec<Due> = {
+            let mut in_flight = self.in_flight_ids.lock().unwrap_or_else(|e| e.into_inner());
+            let claimed: Vec<Due> = batch
+                .into_iter()
+                .filter(|d| in_flight.insert(d.id))
+                .collect();
+            claimed
+        };
+        self.metrics.fire_skipped.inc_by((due - batch.len()) as u64);
         let ids: Vec<RecordId> = batch.iter().map(|d| d.id).collect();
         let store = self.store.clone();
-        let records = match tokio::task::spawn_blocking(move || store.get(&ids)).await {
+        let read = tokio::task::spawn_blocking(move || {
+            let read_at = store.changes();
+            store.get(&ids).map(|records| (read_at, records))
+        });
+        let (read_at, records) = match read.await {
             Ok(Ok(r)) => r,
             other => {
                 let why = match other {
@@ -209,6 +229,7 @@ impl Publisher {
                     _ => "read task failed".into(),
                 };
                 error!(error = %why, records = batch.len(), "cannot read due records; retrying in 1s");
+                self.release(batch.iter().map(|d| d.id));
                 let at = self.clock.now_ms() + 1_000;
                 let _ = self
                     .retries
@@ -217,26 +238,23 @@ impl Publisher {
                 return;
             }
         };
-        // Which records to publish, under one lock for the batch.
         let mut publish = Vec::with_capacity(batch.len());
         let mut gone = Vec::new();
-        {
-            let mut in_flight = self.in_flight_ids.lock().unwrap_or_else(|e| e.into_inner());
-            for (due, record) in batch.into_iter().zip(records) {
-                match record {
-                    // Cancelled or replaced after it entered the wheel (lazy cancellation).
-                    None => gone.push(due.id),
-                    // Moved later by an operator (the entry at the new time will fire it), or
-                    // already being published through another entry.
-                    Some(record) if record.due_ms > due.at_ms || !in_flight.insert(due.id) => {
-                        self.metrics.fire_skipped.inc();
-                    }
-                    Some(record) => publish.push((due, record)),
-                }
+        let mut moved = Vec::new();
+        for (due, record) in batch.into_iter().zip(records) {
+            match record {
+                // Cancelled or replaced after it entered the wheel (lazy cancellation).
+                None => gone.push(due.id),
+                // Moved later by an operator: the entry at the new time will fire it.
+                Some(record) if record.due_ms > due.at_ms => moved.push(due.id),
+                Some(record) => publish.push((due, record)),
             }
         }
-        if !gone.is_empty() {
-            self.metrics.fire_skipped.inc_by(gone.len() as u64);
+        if !gone.is_empty() || !moved.is_empty() {
+            self.release(gone.iter().chain(&moved).copied());
+            self.metrics
+                .fire_skipped
+                .inc_by((gone.len() + moved.len()) as u64);
             let mut attempts = attempts.lock().unwrap_or_else(|e| e.into_inner());
             for id in &gone {
                 attempts.remove(id);
@@ -252,10 +270,19 @@ impl Publisher {
                 record: Arc::new(record),
                 permit,
                 sent_ms: self.clock.now_ms(),
+                read_at,
             });
             if let Err((e, sent)) = self.produce(sent).await {
                 self.reports.send(*sent, Err(e));
             }
+        }
+    }
+
+    /// Gives up the claims on records that will not be published now.
+    fn release(&self, ids: impl Iterator<Item = RecordId>) {
+        let mut in_flight = self.in_flight_ids.lock().unwrap_or_else(|e| e.into_inner());
+        for id in ids {
+            in_flight.remove(&id);
         }
     }
 
@@ -330,6 +357,9 @@ impl Publisher {
         let mut permits = Vec::with_capacity(outcomes.len());
         let mut retry: Vec<(u64, RecordId)> = Vec::new();
         let ids: Vec<RecordId> = outcomes.iter().map(|o| o.id).collect();
+        // The oldest change count any of them was read at: if the store's is still that, none
+        // was cancelled, replaced or moved since.
+        let read_at = outcomes.iter().map(|o| o.read_at).min().unwrap_or(0);
         // Dead-lettered after failed deliveries: deleted like the delivered ones, not counted.
         let mut dead_lettered = Vec::new();
         for o in outcomes {
@@ -386,7 +416,7 @@ impl Publisher {
         finished.append(&mut dead_lettered);
         if !finished.is_empty() {
             crate::failpoint::hit("after-delivery");
-            self.remove(finished).await;
+            self.remove(finished, read_at).await;
         }
         {
             let mut in_flight = self.in_flight_ids.lock().unwrap_or_else(|e| e.into_inner());
@@ -462,7 +492,7 @@ impl Publisher {
         }
     }
 
-    async fn remove(&self, finished: Vec<(RecordId, Arc<StoredRecord>)>) {
+    async fn remove(&self, finished: Vec<(RecordId, Arc<StoredRecord>)>, read_at: u64) {
         let finished = Arc::new(finished);
         let mut delay = Duration::from_millis(50);
         loop {
@@ -471,7 +501,7 @@ impl Publisher {
             let result = tokio::task::spawn_blocking(move || {
                 let refs: Vec<(RecordId, &StoredRecord)> =
                     batch.iter().map(|(id, r)| (*id, &**r)).collect();
-                store.remove_fired(&refs)
+                store.remove_delivered(&refs, read_at)
             })
             .await;
             match result {

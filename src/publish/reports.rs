@@ -24,6 +24,8 @@ pub struct Sent {
     pub(crate) permit: OwnedSemaphorePermit,
     /// When it was handed to the producer (epoch ms; its `delay-fired-ms`).
     pub(crate) sent_ms: u64,
+    /// The store's change count before it was read.
+    pub(crate) read_at: u64,
 }
 
 /// The publishing producer's context: sends every delivery report to the completion task.
@@ -60,6 +62,7 @@ impl Reports {
             record,
             permit,
             sent_ms,
+            read_at,
         } = sent;
         // The receiver lives as long as the publisher; after that nothing waits for outcomes.
         let _ = self.tx.send(Outcome {
@@ -68,6 +71,7 @@ impl Reports {
             result,
             reported_ms: self.clock.now_ms(),
             sent_ms,
+            read_at,
             permit,
         });
     }

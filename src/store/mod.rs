@@ -212,6 +212,12 @@ pub struct Store {
     /// No due-index entry lies below this due time (changed under `mutex`): the head seek starts
     /// here, so it never walks over the tombstones of records already fired.
     low_water: AtomicU64,
+    /// Pending records deleted or moved by anything but a delete after delivery (cancels,
+    /// replacements, operators' cancels and moves), counted under `mutex` once written. Records
+    /// read while it had some value, and claimed for publishing so that nothing else deletes
+    /// them after delivery, are all still there while it has that value: see
+    /// [`Store::remove_delivered`].
+    changes: AtomicU64,
     path: PathBuf,
 }
 
@@ -250,6 +256,7 @@ impl Store {
             partitions: RwLock::new(Partitions::default()),
             pending: AtomicI64::new(0),
             low_water: AtomicU64::new(0),
+            changes: AtomicU64::new(0),
             path: path.to_owned(),
         };
         store.load_partitions()?;

@@ -12,6 +12,12 @@ use super::{
 };
 
 impl Store {
+    /// How many pending records were deleted or moved by anything but a delete after delivery
+    /// so far. Read it before [`Store::get`] and give it to [`Store::remove_delivered`].
+    pub fn changes(&self) -> u64 {
+        self.changes.load(std::sync::atomic::Ordering::Acquire)
+    }
+
     /// Reads pending records; `None` for one that was cancelled, replaced or already fired.
     ///
     /// # Errors

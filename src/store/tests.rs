@@ -186,6 +186,98 @@ fn removing_a_fired_record_keeps_a_newer_mapping_of_its_id() {
     assert_eq!(store.get(&[new]).unwrap(), vec![None]);
 }
 
+/// Three records read for publishing (the publisher has claimed them), with the change count
+/// read before.
+fn read_three(store: &Store, id: Option<&str>) -> (u64, Vec<(RecordId, StoredRecord)>) {
+    let p = store.partition_id("delay.in", 0).unwrap();
+    let first = store.next_offset(p).unwrap().unwrap_or(0);
+    let ops: Vec<IngestOp> = (first..first + 3)
+        .map(|i| IngestOp::Schedule {
+            pid: p,
+            offset: i,
+            schedule: sched(if i == first { id } else { None }, 100 + i as u64, "v"),
+        })
+        .collect();
+    let ids: Vec<RecordId> = store
+        .apply(&ops)
+        .unwrap()
+        .inserted
+        .iter()
+        .map(|e| e.1)
+        .collect();
+    let read_at = store.changes();
+    let records = store.get(&ids).unwrap();
+    let read = ids
+        .into_iter()
+        .zip(records.into_iter().map(Option::unwrap))
+        .collect();
+    (read_at, read)
+}
+
+/// Pending records by target, added up (the counts kept beside the records).
+fn by_target_total(store: &Store) -> u64 {
+    store.pending_stats(0).by_target.iter().map(|t| t.1).sum()
+}
+
+fn refs(read: &[(RecordId, StoredRecord)]) -> Vec<(RecordId, &StoredRecord)> {
+    read.iter().map(|(id, r)| (*id, r)).collect()
+}
+
+#[test]
+fn a_delete_after_delivery_with_nothing_changed_since_the_read_removes_every_record() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let (read_at, read) = read_three(&store, None);
+    // Other records delivered meanwhile do not change the count.
+    let (_, others) = read_three(&store, None);
+    assert_eq!(store.remove_fired(&refs(&others)).unwrap(), 3);
+    assert_eq!(store.changes(), read_at);
+    assert_eq!(store.remove_delivered(&refs(&read), read_at).unwrap(), 3);
+    assert_eq!(store.pending(), 0);
+    assert_eq!(by_target_total(&store), 0);
+    let ids: Vec<RecordId> = read.iter().map(|r| r.0).collect();
+    assert_eq!(store.get(&ids).unwrap(), vec![None, None, None]);
+}
+
+#[test]
+fn a_delete_after_delivery_checks_again_once_a_record_was_cancelled_replaced_or_moved() {
+    // An operator's cancel of one of them while they were being delivered.
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let (read_at, read) = read_three(&store, None);
+    assert!(store.cancel(read[1].0).unwrap().is_some());
+    assert_ne!(store.changes(), read_at);
+    assert_eq!(store.remove_delivered(&refs(&read), read_at).unwrap(), 2);
+    assert_eq!(store.pending(), 0);
+    assert_eq!(by_target_total(&store), 0);
+
+    // A replacement by id through ingest.
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let (read_at, read) = read_three(&store, Some("x"));
+    let p = store.lookup_partition("delay.in", 0).unwrap();
+    let applied = store
+        .apply(&[IngestOp::Schedule {
+            pid: p,
+            offset: 3,
+            schedule: sched(Some("x"), 900, "new"),
+        }])
+        .unwrap();
+    assert_eq!(applied.replaced, 1);
+    assert_eq!(store.remove_delivered(&refs(&read), read_at).unwrap(), 2);
+    assert_eq!(store.pending(), 1, "the replacement is still pending");
+    assert_eq!(by_target_total(&store), 1);
+
+    // An operator's move.
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let (read_at, read) = read_three(&store, None);
+    assert_eq!(store.reschedule(read[2].0, 5_000).unwrap(), Some(102));
+    assert_ne!(store.changes(), read_at);
+    assert_eq!(store.remove_delivered(&refs(&read), read_at).unwrap(), 3);
+    assert_eq!(store.pending(), 0);
+}
+
 // ---- Crash between every step of the durability order ----------------------------------
 // A crash is the process dying: the store is dropped without a clean shutdown and opened again.
 // "Kafka's committed offset" is modelled by a variable the pipeline updates after the batch.

@@ -105,6 +105,9 @@ impl Store {
             .write_opt(batch, &self.write_opts())
             .map_err(io("ingest write"))?;
         self.pending.fetch_add(delta, Ordering::Relaxed);
+        if applied.replaced + applied.cancelled > 0 {
+            self.changes.fetch_add(1, Ordering::Release);
+        }
         if let Some(&(first, _)) = applied.inserted.iter().min() {
             self.low_water.fetch_min(first, Ordering::Relaxed);
         }
@@ -177,16 +180,41 @@ impl Store {
     /// # Errors
     /// A read or write failure; nothing is deleted then.
     pub fn remove_fired(&self, fired: &[(RecordId, &StoredRecord)]) -> Result<usize> {
+        self.remove(fired, None)
+    }
+
+    /// [`Store::remove_fired`] for records read by [`Store::get`] after [`Store::changes`]
+    /// returned `read_at`, each claimed before it was read so that no other delete after
+    /// delivery can remove it (the publisher's in-flight set). While the count is still
+    /// `read_at`, nothing else has deleted or moved a pending record since, so every one of
+    /// them is still there and the read that would check it is skipped; otherwise this is
+    /// [`Store::remove_fired`].
+    ///
+    /// # Errors
+    /// A read or write failure; nothing is deleted then.
+    pub fn remove_delivered(
+        &self,
+        fired: &[(RecordId, &StoredRecord)],
+        read_at: u64,
+    ) -> Result<usize> {
+        self.remove(fired, Some(read_at))
+    }
+
+    fn remove(&self, fired: &[(RecordId, &StoredRecord)], read_at: Option<u64>) -> Result<usize> {
         let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
-        // Which records are still there, and where their id mappings point: two batched reads
-        // under the lock, not two point reads per record.
         let keys: Vec<[u8; 8]> = fired.iter().map(|(rid, _)| rid.to_bytes()).collect();
-        let exists = self
-            .db
-            .batched_multi_get_cf(self.cf(CF_RECORDS), keys.iter(), false)
-            .into_iter()
-            .map(|r| r.map(|v| v.is_some()).map_err(io("record read")))
-            .collect::<Result<Vec<bool>>>()?;
+        // Which records are still there, and where their id mappings point: two batched reads
+        // under the lock, not two point reads per record; the first only when something could
+        // have deleted one of them since they were read.
+        let exists = if read_at == Some(self.changes.load(Ordering::Acquire)) {
+            vec![true; fired.len()]
+        } else {
+            self.db
+                .batched_multi_get_cf(self.cf(CF_RECORDS), keys.iter(), false)
+                .into_iter()
+                .map(|r| r.map(|v| v.is_some()).map_err(io("record read")))
+                .collect::<Result<Vec<bool>>>()?
+        };
         let id_keys: Vec<(usize, Vec<u8>)> = fired
             .iter()
             .enumerate()
@@ -330,6 +358,7 @@ impl Store {
             .write_opt(batch, &self.write_opts())
             .map_err(io("cancel write"))?;
         self.pending.fetch_sub(1, Ordering::Relaxed);
+        self.changes.fetch_add(1, Ordering::Release);
         stats.remove(&rec.target, rec.due_ms);
         Ok(Some(rec))
     }
@@ -361,6 +390,7 @@ impl Store {
         self.db
             .write_opt(batch, &self.write_opts())
             .map_err(io("reschedule write"))?;
+        self.changes.fetch_add(1, Ordering::Release);
         stats.remove(&rec.target, old);
         stats.add(&rec.target, due_ms);
         self.low_water.fetch_min(due_ms, Ordering::Relaxed);
