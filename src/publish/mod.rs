@@ -1,6 +1,7 @@
 //! The publish task: due record -> target topic -> delivery report -> delete from the store.
 //!
-//! For each batch of due ids from the scheduler it reads the records (one multi-get), produces
+//! For each batch of due ids from the scheduler it claims them (a record already being
+//! published through another timer is skipped), reads the records (one multi-get), produces
 //! each to its target with provenance headers, and hands the delivery futures to a completion
 //! task. At most `in_flight` records are between "produced" and "deleted" at once: that window
 //! bounds the duplicates a crash can cause. Delivered records are deleted in batches.
