@@ -84,6 +84,13 @@ pub fn store_cycle(args: &CycleArgs) -> Result<Vec<Cycle>, FillError> {
 /// Source and target partitions, as in `bench e2e`.
 const PARTITIONS: i32 = 32;
 
+/// The source partition and first offset of the batch starting at record `from`: batch n comes
+/// from source partition n % 32, as the consumer hands out runs of one partition.
+fn source_position(from: u64, batch: usize) -> (u64, u64) {
+    let n = from / batch as u64;
+    (n % PARTITIONS as u64, n / PARTITIONS as u64 * batch as u64)
+}
+
 /// The target partition of a key (any hash spreads them like the producer's).
 fn target_partition(key: Option<&[u8]>) -> u64 {
     use std::hash::{BuildHasher, BuildHasherDefault, DefaultHasher};
@@ -102,18 +109,14 @@ fn store(args: &CycleArgs, lag: usize) -> Result<[f64; 4], FillError> {
         .map(|p| store.partition_id("delay.bench", p))
         .collect::<Result<Vec<_>, _>>()?;
     let value = vec![b'v'; args.value_bytes];
-    let batch = args.batch as u64;
     let (mut apply_ns, mut get_ns, remove_ns) = (0u128, 0u128, AtomicU64::new(0));
     let started = Instant::now();
     pipeline(
         args,
         lag,
         |from, to| {
-            // Batch n comes from source partition n % 32, as the consumer hands out runs of
-            // one partition.
-            let n = from / batch;
-            let pid = pids[(n % PARTITIONS as u64) as usize];
-            let first = n / PARTITIONS as u64 * batch;
+            let (partition, first) = source_position(from, args.batch);
+            let pid = pids[partition as usize];
             let ops: Vec<IngestOp> = (from..to)
                 .map(|i| IngestOp::Schedule {
                     pid,
@@ -215,16 +218,13 @@ fn baseline(args: &CycleArgs, lag: usize) -> Result<f64, FillError> {
         .cf_handle("records")
         .ok_or_else(|| FillError::Flag("baseline RocksDB lost its column family".into()))?;
     let value = vec![b'v'; args.value_bytes];
-    let batch_len = args.batch as u64;
     let started = Instant::now();
     pipeline(
         args,
         lag,
         |from, to| {
             // The same keys as the store's record ids: (source partition, offset).
-            let n = from / batch_len;
-            let partition = n % PARTITIONS as u64;
-            let first = n / PARTITIONS as u64 * batch_len;
+            let (partition, first) = source_position(from, args.batch);
             let mut keys: Vec<([u8; 8], Vec<u8>)> = (from..to)
                 .map(|i| {
                     let id = partition << 48 | (first + i - from);

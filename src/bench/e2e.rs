@@ -272,9 +272,7 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
             p.linger_ms
         );
         report.plain_load = Some(p);
-        std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)?;
-        println!("\nwritten to {}", args.json.display());
-        return Ok(report);
+        return write_report(args, report);
     }
     println!("| value | records x rounds | passthrough rec/s | kafka-delay rec/s | ratio | kafka-delay --sync rec/s | sync / no sync | consume only rec/s | CPU us per record: passthrough / kafka-delay (ratio) |");
     println!("|---|---|---|---|---|---|---|---|---|");
@@ -463,6 +461,11 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         );
         report.lateness = Some(l);
     }
+    write_report(args, report)
+}
+
+/// Writes the report as JSON to `--json` and says where.
+fn write_report(args: &E2eArgs, report: E2eReport) -> Result<E2eReport, BenchError> {
     std::fs::write(&args.json, serde_json::to_string_pretty(&report)?)?;
     println!("\nwritten to {}", args.json.display());
     Ok(report)
