@@ -216,6 +216,9 @@ impl Publisher {
             claimed
         };
         self.metrics.fire_skipped.inc_by((due - batch.len()) as u64);
+        if batch.is_empty() {
+            return;
+        }
         let ids: Vec<RecordId> = batch.iter().map(|d| d.id).collect();
         let store = self.store.clone();
         let read = tokio::task::spawn_blocking(move || {
