@@ -182,6 +182,17 @@ impl StoredRecord {
         )
     }
 
+    /// The due time of an encoded record, read from its header alone; `None` when the bytes
+    /// are not a version 1 record.
+    pub fn due_of(bytes: &[u8]) -> Option<u64> {
+        match bytes {
+            [VERSION, due @ ..] if due.len() >= 8 => {
+                Some(u64::from_be_bytes(due[..8].try_into().ok()?))
+            }
+            _ => None,
+        }
+    }
+
     /// Decodes a record.
     ///
     /// # Errors
@@ -273,6 +284,22 @@ mod tests {
         assert_eq!(due_key_after(5, RecordId(u64::MAX)), (6, RecordId(0)));
         let (d, r) = due_key_after(5, RecordId(7));
         assert!(due_key(d, r) > due_key(5, RecordId(7)));
+    }
+
+    #[test]
+    fn the_due_time_is_read_from_the_first_bytes_of_a_record() {
+        let rec = StoredRecord {
+            due_ms: 1_234_567,
+            target: "t".into(),
+            id: None,
+            key: None,
+            value: Some(vec![1; 50]),
+            headers: Vec::new(),
+        };
+        let bytes = rec.encode();
+        assert_eq!(StoredRecord::due_of(&bytes), Some(1_234_567));
+        assert_eq!(StoredRecord::due_of(&bytes[..8]), None);
+        assert_eq!(StoredRecord::due_of(&[9, 0, 0, 0, 0, 0, 0, 0, 1]), None);
     }
 
     #[test]

@@ -268,14 +268,21 @@ fn a_delete_after_delivery_checks_again_once_a_record_was_cancelled_replaced_or_
     assert_eq!(store.pending(), 1, "the replacement is still pending");
     assert_eq!(by_target_total(&store), 1);
 
-    // An operator's move.
+    // An operator's move to an hour later: the record was delivered, so it goes, with its
+    // due-index entry at the new time and its count in the new minute.
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
     let (read_at, read) = read_three(&store, None);
-    assert_eq!(store.reschedule(read[2].0, 5_000).unwrap(), Some(102));
+    assert_eq!(store.reschedule(read[2].0, 3_600_000).unwrap(), Some(102));
     assert_ne!(store.changes(), read_at);
     assert_eq!(store.remove_delivered(&refs(&read), read_at).unwrap(), 3);
     assert_eq!(store.pending(), 0);
+    assert_eq!(
+        store.due_range((0, RecordId(0)), u64::MAX, 10).unwrap(),
+        vec![]
+    );
+    assert_eq!(store.pending_stats(0).by_due, [0; 5]);
+    assert_eq!(by_target_total(&store), 0);
 }
 
 // ---- Crash between every step of the durability order ----------------------------------

@@ -203,18 +203,23 @@ impl Store {
     fn remove(&self, fired: &[(RecordId, &StoredRecord)], read_at: Option<u64>) -> Result<usize> {
         let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
         let keys: Vec<[u8; 8]> = fired.iter().map(|(rid, _)| rid.to_bytes()).collect();
-        // Which records are still there, and where their id mappings point: two batched reads
+        // Which records are still there and their due time now (an operator may have moved
+        // one while it was delivered), and where their id mappings point: two batched reads
         // under the lock, not two point reads per record; the first only when something could
-        // have deleted one of them since they were read.
-        let exists = if read_at == Some(self.changes.load(Ordering::Acquire)) {
-            vec![true; fired.len()]
+        // have deleted or moved one of them since they were read.
+        let current: Vec<Option<u64>> = if read_at == Some(self.changes.load(Ordering::Acquire)) {
+            fired.iter().map(|(_, rec)| Some(rec.due_ms)).collect()
         } else {
             self.db
                 .batched_multi_get_cf(self.cf(CF_RECORDS), keys.iter(), false)
                 .into_iter()
-                .map(|r| r.map(|v| v.is_some()).map_err(io("record read")))
-                .collect::<Result<Vec<bool>>>()?
+                .map(|r| {
+                    let v = r.map_err(io("record read"))?;
+                    v.map(|v| stored_due(&v)).transpose()
+                })
+                .collect::<Result<Vec<Option<u64>>>>()?
         };
+        let exists: Vec<bool> = current.iter().map(Option::is_some).collect();
         let id_keys: Vec<(usize, Vec<u8>)> = fired
             .iter()
             .enumerate()
@@ -240,15 +245,16 @@ impl Store {
         let mut removed = 0usize;
         let mut seen = std::collections::HashSet::with_capacity(fired.len());
         for (i, (rid, rec)) in fired.iter().enumerate() {
-            if !exists[i] || !seen.insert(*rid) {
+            let Some(due) = current[i] else { continue };
+            if !seen.insert(*rid) {
                 continue;
             }
             batch.delete_cf(self.cf(CF_RECORDS), keys[i]);
-            batch.delete_cf(self.cf(CF_DUE), due_key(rec.due_ms, *rid));
+            batch.delete_cf(self.cf(CF_DUE), due_key(due, *rid));
             if let Some(key) = unmap[i].take() {
                 batch.delete_cf(self.cf(CF_IDS), key);
             }
-            counted.push((&rec.target, rec.due_ms));
+            counted.push((&rec.target, due));
             removed += 1;
         }
         if removed > 0 {
@@ -421,4 +427,12 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// The due time of an encoded record, without decoding the rest.
+fn stored_due(bytes: &[u8]) -> Result<u64> {
+    StoredRecord::due_of(bytes).ok_or_else(|| StoreError::Corrupt {
+        what: "records",
+        detail: format!("record of {} bytes without a due time", bytes.len()),
+    })
 }
