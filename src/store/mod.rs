@@ -24,9 +24,9 @@
 //! Every read-check-write (reschedule, cancel, delete after fire) runs under one mutex, so a
 //! reschedule arriving while the old record fires can never lose the new id mapping.
 //!
-//! The delete after fire checks that each record is still there (a cancel or a replacement may
-//! have removed it while it was being delivered) only when one of those happened since the
-//! records were read: the store counts them ([`Store::changes`]), and the publisher claims
+//! The delete after fire checks that each record is still there and at which due time (a cancel
+//! or a replacement may have removed it while it was being delivered, an operator may have moved
+//! it) only when one of those happened since the records were read: the store counts them ([`Store::changes`]), and the publisher claims
 //! each record before reading it, so no other delete after delivery can remove it meanwhile.
 
 pub mod codec;
