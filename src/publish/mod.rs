@@ -20,12 +20,12 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{BaseRecord, Producer};
 use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
 use tracing::{error, info, warn};
 
 use crate::clock::Clock;
-use crate::kafka::headers_to;
 use crate::metrics::Metrics;
 use crate::record::{names, Header, Reason, Reject};
 use crate::scheduler::{Due, Inserts, Wake};
@@ -290,26 +290,40 @@ impl Publisher {
         }
     }
 
-    /// Provenance headers added to every published record.
-    fn provenance(&self, id: RecordId, record: &StoredRecord, fired_ms: u64) -> Vec<Header> {
+    /// The record's headers and the provenance headers added to every published record, built
+    /// straight into librdkafka's headers (no copy of the record's own first).
+    fn provenance(&self, id: RecordId, record: &StoredRecord, fired_ms: u64) -> OwnedHeaders {
         let (topic, partition) = self.store.partition_of(id.pid()).unwrap_or_default();
-        let mut headers = record.headers.clone();
-        headers.push(Header::new(names::ORIGIN_TOPIC, topic));
-        headers.push(Header::new(names::ORIGIN_PARTITION, partition.to_string()));
-        headers.push(Header::new(names::ORIGIN_OFFSET, id.offset().to_string()));
-        headers.push(Header::new(names::DUE_MS, record.due_ms.to_string()));
-        headers.push(Header::new(names::FIRED_MS, fired_ms.to_string()));
-        headers
+        let (partition, offset) = (partition.to_string(), id.offset().to_string());
+        let (due, fired) = (record.due_ms.to_string(), fired_ms.to_string());
+        let own = record
+            .headers
+            .iter()
+            .map(|h| (h.key.as_str(), h.value.as_deref()));
+        let added = [
+            (names::ORIGIN_TOPIC, topic.as_bytes()),
+            (names::ORIGIN_PARTITION, partition.as_bytes()),
+            (names::ORIGIN_OFFSET, offset.as_bytes()),
+            (names::DUE_MS, due.as_bytes()),
+            (names::FIRED_MS, fired.as_bytes()),
+        ];
+        own.chain(added.into_iter().map(|(k, v)| (k, Some(v))))
+            .fold(
+                OwnedHeaders::new_with_capacity(record.headers.len() + added.len()),
+                |acc, (key, value)| acc.insert(rdkafka::message::Header { key, value }),
+            )
     }
 
     /// Hands a record to the producer; its outcome arrives through [`Reports`]. A full queue
     /// is waited out; any other refusal is returned with the record.
     async fn produce(&self, mut sent: Box<Sent>) -> Result<(), (KafkaError, Box<Sent>)> {
         let record = sent.record.clone();
-        let headers = self.provenance(sent.id, &record, sent.sent_ms);
+        let mut headers = Some(self.provenance(sent.id, &record, sent.sent_ms));
         loop {
-            let mut rec = BaseRecord::<[u8], [u8], Box<Sent>>::with_opaque_to(&record.target, sent)
-                .headers(headers_to(&headers));
+            let mut rec = BaseRecord::<[u8], [u8], Box<Sent>>::with_opaque_to(&record.target, sent);
+            if let Some(h) = headers.take() {
+                rec = rec.headers(h);
+            }
             if let Some(k) = &record.key {
                 rec = rec.key(k.as_slice());
             }
@@ -320,6 +334,7 @@ impl Publisher {
                 Ok(()) => return Ok(()),
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), rec)) => {
                     sent = rec.delivery_opaque;
+                    headers = rec.headers;
                     self.metrics
                         .produce_errors
                         .with_label_values(&["queue_full"])
