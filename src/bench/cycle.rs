@@ -18,7 +18,7 @@ use rocksdb::{WriteBatch, DB};
 
 use super::FillError;
 use crate::record::Schedule;
-use crate::store::{IngestOp, RecordId, Store, StoreOptions};
+use crate::store::{IngestOp, Pid, RecordId, Store, StoreOptions};
 
 /// Flags of `kafka-delay bench store-cycle`.
 #[derive(Debug, Args)]
@@ -227,10 +227,13 @@ fn baseline(args: &CycleArgs, lag: usize) -> Result<f64, FillError> {
             let (partition, first) = source_position(from, args.batch);
             let mut keys: Vec<([u8; 8], Vec<u8>)> = (from..to)
                 .map(|i| {
-                    let id = partition << 48 | (first + i - from);
-                    (id.to_be_bytes(), format!("k{i}").into_bytes())
+                    let offset = (first + i - from) as i64;
+                    let id = RecordId::new(partition as Pid, offset).ok_or_else(|| {
+                        FillError::Flag(format!("offset {offset} out of a record id's range"))
+                    })?;
+                    Ok((id.to_bytes(), format!("k{i}").into_bytes()))
                 })
-                .collect();
+                .collect::<Result<_, FillError>>()?;
             let mut batch = WriteBatch::default();
             for (k, record_key) in &keys {
                 let mut record = record_key.clone();

@@ -862,7 +862,7 @@ impl Kafka {
         // than the broker spends on the record.
         let mut i = 0;
         while i < total {
-            let by_now = ((started.elapsed().as_secs_f64() * rate) as u64 + 1).min(total);
+            let by_now = paced(started, rate, total);
             while i < by_now {
                 let key = format!("l{i}");
                 let rec = FutureRecord::to(src).key(&key).payload(&value).headers(
@@ -997,7 +997,7 @@ impl Kafka {
         let started = Instant::now();
         let mut i = 0;
         while i < total {
-            let by_now = ((started.elapsed().as_secs_f64() * rate) as u64 + 1).min(total);
+            let by_now = paced(started, rate, total);
             while i < by_now {
                 let key = format!("l{i}");
                 let now = SystemClock.now_ms().to_string();
@@ -1056,6 +1056,12 @@ impl Kafka {
     }
 }
 
+/// How many of `total` records paced at `rate` a second should have been sent by now (one more
+/// than the elapsed time allows, so the first goes at once).
+fn paced(started: Instant, rate: f64, total: u64) -> u64 {
+    ((started.elapsed().as_secs_f64() * rate) as u64 + 1).min(total)
+}
+
 /// Produces `rate` 100-byte records a second to `topic` for `span`, paced a millisecond at a
 /// time, as the lateness run's generator does.
 async fn generate(producer: FutureProducer, topic: String, rate: f64, span: Duration) {
@@ -1065,7 +1071,7 @@ async fn generate(producer: FutureProducer, topic: String, rate: f64, span: Dura
     let mut acks = Vec::new();
     let mut i = 0;
     while i < total {
-        let by_now = ((started.elapsed().as_secs_f64() * rate) as u64 + 1).min(total);
+        let by_now = paced(started, rate, total);
         while i < by_now {
             let key = format!("g{i}");
             match producer.send_result(FutureRecord::to(&topic).key(&key).payload(&value)) {

@@ -206,7 +206,7 @@ impl Publisher {
         // timer (an operator moved it) is skipped, and one read after its claim stays in the
         // store until this publisher deletes it, unless the store's change count moves (see
         // `Store::remove_delivered`).
-        let due = batch.len();
+        let handed_out = batch.len();
         let batch: Vec<Due> = {
             let mut in_flight = self.in_flight_ids.lock().unwrap_or_else(|e| e.into_inner());
             let claimed: Vec<Due> = batch
@@ -215,7 +215,9 @@ impl Publisher {
                 .collect();
             claimed
         };
-        self.metrics.fire_skipped.inc_by((due - batch.len()) as u64);
+        self.metrics
+            .fire_skipped
+            .inc_by((handed_out - batch.len()) as u64);
         if batch.is_empty() {
             return;
         }

@@ -26,8 +26,9 @@
 //!
 //! The delete after fire checks that each record is still there and at which due time (a cancel
 //! or a replacement may have removed it while it was being delivered, an operator may have moved
-//! it) only when one of those happened since the records were read: the store counts them ([`Store::changes`]), and the publisher claims
-//! each record before reading it, so no other delete after delivery can remove it meanwhile.
+//! it) only when one of those happened since the records were read: the store counts them
+//! ([`Store::changes`]), and the publisher claims each record before reading it, so no other
+//! delete after delivery can remove it meanwhile.
 
 pub mod codec;
 mod read;

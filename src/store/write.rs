@@ -219,11 +219,10 @@ impl Store {
                 })
                 .collect::<Result<Vec<Option<u64>>>>()?
         };
-        let exists: Vec<bool> = current.iter().map(Option::is_some).collect();
         let id_keys: Vec<(usize, Vec<u8>)> = fired
             .iter()
             .enumerate()
-            .filter(|&(i, _)| exists[i])
+            .filter(|&(i, _)| current[i].is_some())
             .filter_map(|(i, (rid, rec))| rec.id.as_ref().map(|id| (i, id_key(rid.pid(), id))))
             .collect();
         // The id key to delete with each record: only where the mapping still points at it.
