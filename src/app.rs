@@ -40,6 +40,9 @@ pub enum StartError {
         /// The bind error.
         source: std::io::Error,
     },
+    /// The scheduler's thread or its timer.
+    #[error("cannot start the scheduler's thread: {0}")]
+    Scheduler(std::io::Error),
     /// Metrics registration.
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
@@ -51,7 +54,7 @@ pub struct Running {
     stop_ingest: watch::Sender<bool>,
     stop_rest: watch::Sender<bool>,
     ingest: JoinHandle<()>,
-    scheduler: JoinHandle<()>,
+    scheduler: std::thread::JoinHandle<()>,
     publisher: JoinHandle<()>,
     http: JoinHandle<()>,
     http_addr: SocketAddr,
@@ -144,7 +147,18 @@ pub async fn start(
         config.horizon_ms,
     );
     let mut armed = scheduler.armed();
-    let scheduler = tokio::spawn(scheduler.run(insert_rx, due_tx, stop_rest_rx.clone()));
+    // The wheel's own thread and timer: under load, a timer on the shared runtime waits for a
+    // worker to finish what it is polling (ingest's batches, the publisher), which showed as
+    // milliseconds of lateness at the wheel.
+    let timer = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .map_err(StartError::Scheduler)?;
+    let stop_scheduler = stop_rest_rx.clone();
+    let scheduler = std::thread::Builder::new()
+        .name("scheduler".into())
+        .spawn(move || timer.block_on(scheduler.run(insert_rx, due_tx, stop_scheduler)))
+        .map_err(StartError::Scheduler)?;
     let (reports, completions) = Reports::new(clock.clone());
     let publisher = Publisher {
         store: store.clone(),
@@ -250,7 +264,8 @@ impl Running {
         let _ = self.ingest.await;
         info!("ingest stopped; finishing deliveries in flight");
         let _ = self.stop_rest.send(true);
-        let _ = self.scheduler.await;
+        let scheduler = self.scheduler;
+        let _ = tokio::task::spawn_blocking(move || scheduler.join()).await;
         let _ = self.publisher.await;
         let _ = self.http.await;
         let store = self.store;

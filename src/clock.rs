@@ -11,6 +11,14 @@ use std::time::{SystemTime, UNIX_EPOCH};
 pub trait Clock: Send + Sync + std::fmt::Debug + 'static {
     /// Milliseconds since the Unix epoch.
     fn now_ms(&self) -> u64;
+
+    /// Microseconds since the Unix epoch, for waits that end on a millisecond boundary (the
+    /// scheduler sleeps until the wall clock *reaches* a due millisecond, not for a whole number
+    /// of milliseconds from somewhere inside the current one). Clocks without a finer reading
+    /// give the start of the current millisecond.
+    fn now_us(&self) -> u64 {
+        self.now_ms() * 1_000
+    }
 }
 
 /// The operating system's wall clock.
@@ -22,6 +30,13 @@ impl Clock for SystemClock {
         SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .map(|d| d.as_millis() as u64)
+            .unwrap_or(0)
+    }
+
+    fn now_us(&self) -> u64 {
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_micros() as u64)
             .unwrap_or(0)
     }
 }
@@ -77,6 +92,11 @@ impl Clock for OffsetClock {
         let now = SystemClock.now_ms() as i64 + self.offset_ms.load(Ordering::SeqCst);
         now.max(0) as u64
     }
+
+    fn now_us(&self) -> u64 {
+        let now = SystemClock.now_us() as i64 + self.offset_ms.load(Ordering::SeqCst) * 1_000;
+        now.max(0) as u64
+    }
 }
 
 #[cfg(test)]
@@ -92,6 +112,18 @@ mod tests {
         assert_eq!(clock.now_ms(), 1_005);
         other.set(10);
         assert_eq!(clock.now_ms(), 10);
+    }
+
+    #[test]
+    fn the_microsecond_reading_lies_within_the_millisecond_reading() {
+        let clock = OffsetClock::default();
+        clock.set_offset_ms(-5_000);
+        let (before, us, after) = (clock.now_ms(), clock.now_us(), clock.now_ms());
+        assert!(
+            before * 1_000 <= us && us < (after + 1) * 1_000,
+            "{before} {us} {after}"
+        );
+        assert_eq!(ManualClock::new(7).now_us(), 7_000);
     }
 
     #[test]

@@ -308,12 +308,10 @@ impl Scheduler {
             }
             // One chunk of loading per turn, after firing what is due.
             self.load_chunk(now);
-            let sleep_ms = if self.loading_now(now) {
-                0
+            let sleep = if self.loading_now(now) {
+                Duration::ZERO
             } else {
-                self.next_wake().map_or(MAX_SLEEP_MS, |w| {
-                    w.saturating_sub(now).clamp(1, MAX_SLEEP_MS)
-                })
+                wait_for(self.next_wake(), self.clock.now_us())
             };
             tokio::select! {
                 biased;
@@ -326,16 +324,43 @@ impl Scheduler {
                     Ok(permit) => permit.send(std::mem::take(&mut batch)),
                     Err(_) => return,
                 },
-                _ = tokio::time::sleep(Duration::from_millis(sleep_ms)), if batch.is_empty() => {}
+                _ = tokio::time::sleep(sleep), if batch.is_empty() => {}
             }
         }
     }
+}
+
+/// How long to sleep for the wall clock to reach `next_ms` (at most [`MAX_SLEEP_MS`]), from
+/// `now_us`: to the due millisecond's start, not a whole number of milliseconds from somewhere
+/// inside the current one, which would add up to a millisecond to every firing.
+fn wait_for(next_ms: Option<u64>, now_us: u64) -> Duration {
+    let max = MAX_SLEEP_MS * 1_000;
+    let us = next_ms.map_or(max, |next| {
+        next.saturating_mul(1_000)
+            .saturating_sub(now_us)
+            .clamp(1, max)
+    });
+    Duration::from_micros(us)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::clock::ManualClock;
+
+    #[test]
+    fn sleeps_end_at_the_due_millisecond_not_a_whole_millisecond_later() {
+        // 0.9 ms into millisecond 100, due at 101: wake 0.1 ms from now.
+        assert_eq!(wait_for(Some(101), 100_900), Duration::from_micros(100));
+        assert_eq!(wait_for(Some(105), 100_000), Duration::from_millis(5));
+        // Never a busy loop, never longer than the longest sleep.
+        assert_eq!(wait_for(Some(100), 100_500), Duration::from_micros(1));
+        assert_eq!(wait_for(None, 100_000), Duration::from_millis(MAX_SLEEP_MS));
+        assert_eq!(
+            wait_for(Some(u64::MAX), 100_000),
+            Duration::from_millis(MAX_SLEEP_MS)
+        );
+    }
     use prometheus::Registry;
 
     const T0: u64 = 1_763_700_000_000;
