@@ -249,22 +249,29 @@ impl Publisher {
         let mut moved = Vec::new();
         for (due, record) in batch.into_iter().zip(records) {
             match record {
-                // Cancelled or replaced after it entered the wheel (lazy cancellation).
-                None => gone.push(due.id),
+                // Cancelled or replaced after it entered the wheel (lazy cancellation), or
+                // delivered before a crash that lost the deletion of its due-index entry.
+                None => gone.push(due),
                 // Moved later by an operator: the entry at the new time will fire it.
                 Some(record) if record.due_ms > due.at_ms => moved.push(due.id),
                 Some(record) => publish.push((due, record)),
             }
         }
         if !gone.is_empty() || !moved.is_empty() {
-            self.release(gone.iter().chain(&moved).copied());
+            self.release(gone.iter().map(|d| d.id).chain(moved.iter().copied()));
             self.metrics
                 .fire_skipped
                 .inc_by((gone.len() + moved.len()) as u64);
             let mut attempts = attempts.lock().unwrap_or_else(|e| e.into_inner());
-            for id in &gone {
-                attempts.remove(id);
+            for d in &gone {
+                attempts.remove(&d.id);
             }
+        }
+        if !gone.is_empty() {
+            // A due-index entry left behind is deleted with the next gathered ones.
+            let store = self.store.clone();
+            let entries: Vec<(u64, RecordId)> = gone.iter().map(|d| (d.at_ms, d.id)).collect();
+            tokio::task::spawn_blocking(move || store.forget_due(entries));
         }
         for (due, record) in publish {
             // `run` owns the semaphore and never closes it.

@@ -24,6 +24,12 @@
 //! Every read-check-write (reschedule, cancel, delete after fire) runs under one mutex, so a
 //! reschedule arriving while the old record fires can never lose the new id mapping.
 //!
+//! The due-index entries of delivered records are deleted a little later than the records:
+//! gathered over many deliveries, so that adjacent ones go as one range tombstone
+//! ([`Store::remove_delivered`]). Every read of the index whose answer anyone sees deletes the
+//! gathered ones first; after a crash the ones left behind are loaded, find no record, and are
+//! skipped and gathered again.
+//!
 //! The delete after fire checks that each record is still there and at which due time (a cancel
 //! or a replacement may have removed it while it was being delivered, an operator may have moved
 //! it) only when one of those happened since the records were read: the store counts them
@@ -224,6 +230,13 @@ pub struct Store {
     /// them after delivery, are all still there while it has that value: see
     /// [`Store::remove_delivered`].
     changes: AtomicU64,
+    /// Due-index keys of records the delete after delivery removed, not deleted yet: they are
+    /// gathered (up to `GATHER_DUE_DELETES`) and deleted together, so that adjacent ones go as
+    /// one range tombstone instead of a point tombstone each (delivery reports arrive per
+    /// target partition, whose records are every n-th in due order). Locked after `mutex`.
+    /// Lost in a crash: those entries then stay in the index, are loaded at start, find no
+    /// record and are gathered again ([`Store::forget_due`]).
+    due_garbage: Mutex<Vec<[u8; 16]>>,
     path: PathBuf,
 }
 
@@ -263,6 +276,7 @@ impl Store {
             pending: AtomicI64::new(0),
             low_water: AtomicU64::new(0),
             changes: AtomicU64::new(0),
+            due_garbage: Mutex::default(),
             path: path.to_owned(),
         };
         store.load_partitions()?;
@@ -451,6 +465,10 @@ impl Store {
     /// # Errors
     /// A flush failure.
     pub fn flush(&self) -> Result<()> {
+        {
+            let _writes = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+            self.delete_gathered()?;
+        }
         self.db.flush_wal(true).map_err(io("WAL flush"))?;
         let cfs: Vec<_> = ALL_CFS.iter().map(|name| self.cf(name)).collect();
         self.db

@@ -49,6 +49,7 @@ impl Store {
     /// A read failure or a corrupt index key.
     pub fn scan_due(&self, mut f: impl FnMut(u64, RecordId)) -> Result<u64> {
         let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        self.delete_gathered()?;
         stats.clear();
         let mut iter = self.db.raw_iterator_cf(self.cf(CF_DUE));
         iter.seek_to_first();
@@ -83,6 +84,10 @@ impl Store {
         budget: usize,
         mut keep: impl FnMut(u64, &str) -> bool,
     ) -> Result<Page> {
+        {
+            let _writes = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+            self.delete_gathered()?;
+        }
         let mut iter = self.db.raw_iterator_cf(self.cf(CF_DUE));
         match from {
             Position::Due(d) => iter.seek(d.to_be_bytes()),
@@ -143,6 +148,7 @@ impl Store {
     /// A read failure.
     pub fn earliest_due(&self) -> Result<Option<u64>> {
         let _writes = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        self.delete_gathered()?;
         let low = self.low_water.load(Ordering::Relaxed);
         let first = self.first_due_from(low)?;
         if let Some(due) = first {

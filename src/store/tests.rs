@@ -277,12 +277,10 @@ fn a_delete_after_delivery_checks_again_once_a_record_was_cancelled_replaced_or_
     assert_ne!(store.changes(), read_at);
     assert_eq!(store.remove_delivered(&refs(&read), read_at).unwrap(), 3);
     assert_eq!(store.pending(), 0);
-    assert_eq!(
-        store.due_range((0, RecordId(0)), u64::MAX, 10).unwrap(),
-        vec![]
-    );
     assert_eq!(store.pending_stats(0).by_due, [0; 5]);
     assert_eq!(by_target_total(&store), 0);
+    // The scan deletes the gathered due-index entries first: the one at the new time went.
+    assert_eq!(pending(&store), vec![]);
 }
 
 // ---- Crash between every step of the durability order ----------------------------------
@@ -475,9 +473,16 @@ proptest! {
                     // pending ones between them, as when deliveries finish out of order.
                     let stays = |r: &RecordId| r.offset() as u64 % 3 == keep;
                     let due: Vec<RecordId> = pending(&store).into_iter().filter(|(d, r)| *d <= upto && !stays(r)).map(|(_, r)| r).collect();
+                    let read_at = store.changes();
                     let recs = store.get(&due).unwrap();
                     let fired: Vec<(RecordId, &StoredRecord)> = due.iter().zip(recs.iter()).filter_map(|(r, rec)| rec.as_ref().map(|rec| (*r, rec))).collect();
-                    store.remove_fired(&fired).unwrap();
+                    // The publisher's delete (its due-index entries gathered) or the one that
+                    // deletes them at once.
+                    if keep % 2 == 0 {
+                        store.remove_delivered(&fired, read_at).unwrap();
+                    } else {
+                        store.remove_fired(&fired).unwrap();
+                    }
                     model.retain(|(d, r), _| *d > upto || stays(r));
                 }
                 Op::Reopen => {
@@ -694,4 +699,95 @@ fn the_head_seek_skips_fired_records_and_still_sees_a_later_insert_below_the_low
         Some(1_000),
         "a move below the mark"
     );
+}
+
+/// Entries in the due index as RocksDB holds them (gathered deletes not applied).
+fn raw_due_entries(store: &Store) -> usize {
+    store
+        .db
+        .iterator_cf(store.cf(CF_DUE), rocksdb::IteratorMode::Start)
+        .count()
+}
+
+#[test]
+fn due_entries_of_delivered_records_are_gathered_deleted_as_ranges_and_forgotten_after_a_crash() {
+    let dir = TempDir::new().unwrap();
+    let mut store = open(&dir);
+    let p = store.partition_id("delay.in", 0).unwrap();
+    let ops: Vec<IngestOp> = (1..=40)
+        .map(|i| IngestOp::Schedule {
+            pid: p,
+            offset: i,
+            schedule: sched(None, 1_000 + i as u64, "v"),
+        })
+        .collect();
+    let all = store.apply(&ops).unwrap().inserted;
+    let read_at = store.changes();
+    let ids: Vec<RecordId> = all.iter().map(|e| e.1).collect();
+    let records: Vec<StoredRecord> = store.get(&ids).unwrap().into_iter().flatten().collect();
+    let read: Vec<(RecordId, &StoredRecord)> = ids.iter().copied().zip(&records).collect();
+    let offsets = |pick: &dyn Fn(i64) -> bool| -> Vec<(RecordId, &StoredRecord)> {
+        read.iter()
+            .copied()
+            .filter(|(r, _)| pick(r.offset()))
+            .collect()
+    };
+    // 1-20 are delivered but 7 and 15, reported per target partition (offset modulo 4), as
+    // delivery reports arrive: every fourth record in due order per report.
+    let delivered = |o: i64| o <= 20 && o != 7 && o != 15;
+    for (n, part) in [1, 2, 3, 0].into_iter().enumerate() {
+        let batch = offsets(&|o| delivered(o) && o % 4 == part);
+        store.remove_delivered(&batch, read_at).unwrap();
+        if n < 3 {
+            // 13 gathered, under the 16 gathered before a delete in tests.
+            assert_eq!(raw_due_entries(&store), 40, "gathered after report {n}");
+        }
+    }
+    // Deleted together: 1-6, 8-14 and 16-20, three range tombstones, no point tombstone.
+    assert_eq!(raw_due_entries(&store), 22);
+    let point_deletes = store
+        .db
+        .property_int_value_cf(store.cf(CF_DUE), "rocksdb.num-deletes-active-mem-table")
+        .unwrap();
+    assert_eq!(point_deletes, Some(0));
+    assert_eq!(store.pending(), 22);
+    assert_eq!(by_target_total(&store), 22);
+    // One more, gathered: the head seek deletes what was gathered before it looks.
+    store
+        .remove_delivered(&offsets(&|o| o == 21), read_at)
+        .unwrap();
+    assert_eq!(raw_due_entries(&store), 22);
+    assert_eq!(store.earliest_due().unwrap(), Some(1_007));
+    assert_eq!(raw_due_entries(&store), 21);
+    // A crash with an entry gathered: it is still in the index after the restart, its record
+    // is not; the publisher finds nothing to publish for it and forgets it.
+    store
+        .remove_delivered(&offsets(&|o| o == 22), read_at)
+        .unwrap();
+    drop(store);
+    store = open(&dir);
+    assert_eq!(store.pending(), 20, "the counts went with the records");
+    assert_eq!(raw_due_entries(&store), 21);
+    assert_eq!(store.get(&[all[21].1]).unwrap(), vec![None]);
+    store.forget_due([all[21]]);
+    let want: Vec<(u64, RecordId)> = all
+        .iter()
+        .copied()
+        .filter(|(_, r)| !delivered(r.offset()) && r.offset() > 22)
+        .chain([all[6], all[14]])
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    assert_eq!(pending(&store), want);
+    assert_eq!(raw_due_entries(&store), 20);
+    // A later record inside a deleted range is there.
+    let later = store
+        .apply(&[IngestOp::Schedule {
+            pid: p,
+            offset: 41,
+            schedule: sched(None, 1_003, "later"),
+        }])
+        .unwrap()
+        .inserted[0];
+    assert_eq!(pending(&store)[0], later);
 }
