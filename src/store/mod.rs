@@ -8,13 +8,15 @@
 //! nothing twice (the stored offset is where consumption resumes, and the ingest loop skips
 //! anything below it); the wheel is rebuilt from the due index at start.
 //!
-//! Fire: read the record -> produce -> delivery report -> **one delete batch** (record, due-index
-//! entry, id mapping if it still points at this record). A crash between the delivery report and
-//! the delete publishes the record again after restart: delivery is at-least-once, and the
-//! duplicates after a crash are bounded by the records in flight.
+//! Fire: read the record -> produce -> delivery report -> **one delete batch** (record, id
+//! mapping if it still points at this record, counts; its due-index entry is gathered, below). A
+//! crash between the delivery report and the delete publishes the record again after restart:
+//! delivery is at-least-once, and the duplicates after a crash are bounded by the records in
+//! flight.
 //!
-//! Cleanup: a record, its due-index entry and its id mapping are deleted together when it fires,
-//! is cancelled or is replaced, so no column grows without bound; `offsets` and `meta` hold one
+//! Cleanup: a record, its due-index entry and its id mapping are deleted when it fires (the
+//! entry with the next gathered ones), is cancelled or is replaced, so no column grows without
+//! bound; `offsets` and `meta` hold one
 //! entry per source partition; `counts` one per target and per due minute that has pending
 //! records (a count that reaches zero is deleted in the same batch).
 //!
