@@ -348,6 +348,10 @@ mod tests {
     use super::*;
     use crate::clock::ManualClock;
 
+    use prometheus::Registry;
+
+    const T0: u64 = 1_763_700_000_000;
+
     #[test]
     fn sleeps_end_at_the_due_millisecond_not_a_whole_millisecond_later() {
         // 0.9 ms into millisecond 100, due at 101: wake 0.1 ms from now.
@@ -361,9 +365,6 @@ mod tests {
             Duration::from_millis(MAX_SLEEP_MS)
         );
     }
-    use prometheus::Registry;
-
-    const T0: u64 = 1_763_700_000_000;
 
     struct Harness {
         clock: ManualClock,

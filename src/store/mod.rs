@@ -16,9 +16,9 @@
 //!
 //! Cleanup: a record, its due-index entry and its id mapping are deleted when it fires (the
 //! entry with the next gathered ones), is cancelled or is replaced, so no column grows without
-//! bound; `offsets` and `meta` hold one
-//! entry per source partition; `counts` one per target and per due minute that has pending
-//! records (a count that reaches zero is deleted in the same batch).
+//! bound; `offsets` and `meta` hold one entry per source partition; `counts` one per target and
+//! per due minute that has pending records (a count that reaches zero is deleted in the same
+//! batch).
 //!
 //! Counts: every write batch also carries the new pending counts it changes, so a restart reads
 //! them back instead of scanning the due index (see [`stats`]).
