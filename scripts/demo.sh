@@ -24,7 +24,7 @@ kcat -b "$bs" -L -t delay.demo >/dev/null
 # A new delay topic is picked up at the next topic refresh (--topic-refresh, 5s) and rebalance.
 echo "waiting for the broker to pick up delay.demo ..."
 for _ in $(seq 1 300); do
-  grep -q 'source partitions assigned partitions=[1-9]' "$data/broker.log" && break
+  grep -q 'source partitions assigned.*topics=[^ ]*delay\.demo' "$data/broker.log" && break
   sleep 0.1
 done
 echo

@@ -68,6 +68,16 @@ impl IngestContext {
     }
 }
 
+/// The topics of a partition list, sorted and comma-separated, for the rebalance log lines.
+fn topics_of(tpl: &TopicPartitionList) -> String {
+    let topics: std::collections::BTreeSet<String> = tpl
+        .elements()
+        .iter()
+        .map(|e| e.topic().to_owned())
+        .collect();
+    topics.into_iter().collect::<Vec<_>>().join(",")
+}
+
 impl ConsumerContext for IngestContext {
     fn rebalance(
         &self,
@@ -91,6 +101,7 @@ impl ConsumerContext for IngestContext {
                     Ok(()) => info!(
                         partitions = tpl.count(),
                         resumed_from_store = seeded,
+                        topics = %topics_of(tpl),
                         "source partitions assigned"
                     ),
                     Err(e) => error!(error = %e, "assigning source partitions failed"),
@@ -103,7 +114,11 @@ impl ConsumerContext for IngestContext {
                     consumer.unassign()
                 };
                 match result {
-                    Ok(()) => info!(partitions = tpl.count(), "source partitions revoked"),
+                    Ok(()) => info!(
+                        partitions = tpl.count(),
+                        topics = %topics_of(tpl),
+                        "source partitions revoked"
+                    ),
                     Err(e) => error!(error = %e, "revoking source partitions failed"),
                 }
             }
