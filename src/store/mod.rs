@@ -469,7 +469,7 @@ impl Store {
     pub fn flush(&self) -> Result<()> {
         {
             let _writes = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
-            self.delete_gathered()?;
+            self.delete_gathered_or_warn();
         }
         self.db.flush_wal(true).map_err(io("WAL flush"))?;
         let cfs: Vec<_> = ALL_CFS.iter().map(|name| self.cf(name)).collect();

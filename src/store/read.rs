@@ -49,7 +49,7 @@ impl Store {
     /// A read failure or a corrupt index key.
     pub fn scan_due(&self, mut f: impl FnMut(u64, RecordId)) -> Result<u64> {
         let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
-        self.delete_gathered()?;
+        self.delete_gathered_or_warn();
         stats.clear();
         let mut iter = self.db.raw_iterator_cf(self.cf(CF_DUE));
         iter.seek_to_first();
@@ -86,7 +86,7 @@ impl Store {
     ) -> Result<Page> {
         {
             let _writes = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
-            self.delete_gathered()?;
+            self.delete_gathered_or_warn();
         }
         let mut iter = self.db.raw_iterator_cf(self.cf(CF_DUE));
         match from {
@@ -148,7 +148,7 @@ impl Store {
     /// A read failure.
     pub fn earliest_due(&self) -> Result<Option<u64>> {
         let _writes = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
-        self.delete_gathered()?;
+        self.delete_gathered_or_warn();
         let low = self.low_water.load(Ordering::Relaxed);
         let first = self.first_due_from(low)?;
         if let Some(due) = first {

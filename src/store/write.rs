@@ -315,6 +315,15 @@ impl Store {
         Ok(())
     }
 
+    /// [`Store::delete_gathered`] before a read of the index or the flush at shutdown: a
+    /// failure (a full disk) is logged and the caller goes on (a read then shows the gathered
+    /// entries; after a shutdown they are left as after a crash) rather than failing too.
+    pub(super) fn delete_gathered_or_warn(&self) {
+        if let Err(e) = self.delete_gathered() {
+            tracing::warn!(error = %e, "cannot delete the due-index entries of delivered records yet");
+        }
+    }
+
     /// Gathers the due-index entries of timers whose record is gone (the publisher found
     /// nothing to publish for them): left behind by a crash between a delete after delivery
     /// and the deletion of its gathered entries, and loaded again at start. An entry whose
