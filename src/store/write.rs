@@ -249,18 +249,25 @@ impl Store {
         let mut removed = 0usize;
         let mut seen = std::collections::HashSet::with_capacity(fired.len());
         let mut due_keys = Vec::with_capacity(fired.len());
+        let mut record_keys = Vec::with_capacity(fired.len());
         for (i, (rid, rec)) in fired.iter().enumerate() {
             let Some(due) = current[i] else { continue };
             if !seen.insert(*rid) {
                 continue;
             }
-            batch.delete_cf(self.cf(CF_RECORDS), keys[i]);
+            record_keys.push(keys[i]);
             due_keys.push(due_key(due, *rid));
             if let Some(key) = unmap[i].take() {
                 batch.delete_cf(self.cf(CF_IDS), key);
             }
             counted.push((&rec.target, due));
             removed += 1;
+        }
+        // In key order: each tombstone's memtable insert then starts its search next to the
+        // previous one's.
+        record_keys.sort_unstable();
+        for key in &record_keys {
+            batch.delete_cf(self.cf(CF_RECORDS), key);
         }
         // The delete after delivery gathers the due-index entries (see `due_garbage`); the
         // others delete theirs now, with whatever was gathered.
