@@ -275,8 +275,8 @@ impl Store {
         let nothing = garbage.is_empty() && due_keys.is_empty();
         let flush = !gather && !nothing;
         if flush {
-            let all = garbage.iter().chain(&due_keys).copied().collect();
-            self.delete_due_entries(&mut batch, all)?;
+            let mut all = garbage.iter().chain(&due_keys).copied().collect();
+            self.delete_due_entries(&mut batch, &mut all)?;
         }
         if removed > 0 || flush {
             self.put_counts(
@@ -314,7 +314,8 @@ impl Store {
             return Ok(());
         }
         let mut batch = WriteBatch::default();
-        self.delete_due_entries(&mut batch, garbage.clone())?;
+        // Sorted and deduplicated in place: the list stays as valid if the write fails.
+        self.delete_due_entries(&mut batch, &mut garbage)?;
         self.db
             .write_opt(batch, &self.write_opts())
             .map_err(io("due index delete"))?;
@@ -353,19 +354,18 @@ impl Store {
     /// (every write to the index takes it), so no entry can appear there before the batch is
     /// written; one written later has a later sequence number, which a range tombstone does
     /// not cover.
-    fn delete_due_entries(&self, batch: &mut WriteBatch, mut keys: Vec<[u8; 16]>) -> Result<()> {
+    fn delete_due_entries(&self, batch: &mut WriteBatch, keys: &mut Vec<[u8; 16]>) -> Result<()> {
         keys.sort_unstable();
         keys.dedup();
+        let keys: &[[u8; 16]] = keys;
         let (Some(first), Some(last)) = (keys.first(), keys.last()) else {
             return Ok(());
         };
-        let cf = self.cf(CF_DUE);
         if keys.len() < RANGE_DELETE_MIN {
-            for key in &keys {
-                batch.delete_cf(cf, key);
-            }
+            self.delete_run(batch, keys);
             return Ok(());
         }
+        let cf = self.cf(CF_DUE);
         let mut opts = ReadOptions::default();
         // Entries deleted by earlier range tombstones are seen as if still there: that can only
         // end a run early, never delete an entry in use. Reading the tombstones would rebuild
