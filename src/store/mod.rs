@@ -235,7 +235,7 @@ pub struct Store {
     /// Due-index keys of records the delete after delivery removed, not deleted yet: they are
     /// gathered (up to `GATHER_DUE_DELETES`) and deleted together, so that adjacent ones go as
     /// one range tombstone instead of a point tombstone each (delivery reports arrive per
-    /// target partition, whose records are every n-th in due order). Locked after `mutex`.
+    /// target partition, whose records are every n-th in due order). Locked after `mutex` where both are taken.
     /// Lost in a crash: those entries then stay in the index, are loaded at start, find no
     /// record and are gathered again ([`Store::forget_due`]).
     due_garbage: Mutex<Vec<[u8; 16]>>,

@@ -338,7 +338,7 @@ impl Store {
     /// record is gone serves nothing; one still in use cannot be among them, since an entry
     /// names its record's id.
     pub fn forget_due(&self, entries: impl IntoIterator<Item = (u64, RecordId)>) {
-        let _writes = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        // The list's own lock is enough: whoever deletes it holds that lock throughout.
         let mut garbage = self.due_garbage.lock().unwrap_or_else(|e| e.into_inner());
         garbage.extend(entries.into_iter().map(|(due, rid)| due_key(due, rid)));
     }
