@@ -1,9 +1,10 @@
 //! `kafka-delay bench e2e`: throughput through the broker divided by a passthrough's, and
 //! lateness under load.
 //!
-//! Throughput: for each value size, N records are produced to a topic first; then a plain
-//! passthrough (the ingest consumer's settings, the broker's producer settings, the same
-//! in-flight window) consumes and re-produces them, and the broker (ingest, RocksDB write, wheel,
+//! Throughput: for each value size, N records with the delay headers are produced to a topic
+//! first; then a plain passthrough (the ingest consumer's settings, the broker's producer
+//! settings, the same in-flight window) consumes and re-produces them with their key, value and
+//! headers, and the broker (ingest, RocksDB write, wheel,
 //! publish, delete) moves the same number from a delay topic to a target, with `--sync` off and
 //! on. Each rate is records over the time from the first record consumed to the last one
 //! acknowledged (and, for the broker, deleted from RocksDB).
@@ -642,8 +643,9 @@ impl Kafka {
         Ok(())
     }
 
-    /// Consume-and-produce of `n` records with the broker's client settings: the time from the
-    /// first record consumed to the last one acknowledged.
+    /// Consume-and-produce of `n` records with the broker's client settings, each re-produced
+    /// with its key, value and headers: the time from the first record consumed to the last one
+    /// acknowledged.
     async fn passthrough(
         &self,
         tag: &str,
@@ -660,7 +662,8 @@ impl Kafka {
         let producer = kafka::producer(&config)?;
         self.create(&src, &producer, &config).await;
         self.create(&dst, &producer, &config).await;
-        self.fill_topic(&src, n, size, None).await?;
+        // The same records the broker gets, headers and all, carried through as they are.
+        self.fill_topic(&src, n, size, Some(&dst)).await?;
         let consumer: StreamConsumer = crate::ingest::consumer_config(&config).create()?;
         consumer.subscribe(&[&src])?;
         let window = config.in_flight;
@@ -672,6 +675,9 @@ impl Kafka {
             let mut rec = FutureRecord::to(&dst).payload(m.payload().unwrap_or_default());
             if let Some(k) = m.key() {
                 rec = rec.key(k);
+            }
+            if let Some(h) = m.headers() {
+                rec = rec.headers(h.detach());
             }
             let ack = producer.send_result(rec).map_err(|(e, _)| e)?;
             acks.push_back((ack, m.topic().to_owned(), m.partition(), m.offset()));
