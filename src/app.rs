@@ -203,7 +203,7 @@ pub async fn start(
     }
     let consumer = ingest::consumer(&config, store.clone(), metrics.clone())?;
     let ingest = Ingest {
-        consumer,
+        consumer: Arc::new(consumer),
         store: store.clone(),
         contract: config.contract.clone(),
         clock,

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::{Message, OwnedMessage};
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::FutureProducer;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
@@ -126,8 +126,8 @@ fn ready_now<F: std::future::Future>(future: F) -> Option<F::Output> {
 
 /// The ingest task's state.
 pub struct Ingest {
-    /// The subscribed consumer.
-    pub consumer: StreamConsumer<IngestContext>,
+    /// The subscribed consumer (shared with the group of records it lent out).
+    pub consumer: Arc<StreamConsumer<IngestContext>>,
     /// The store.
     pub store: Arc<Store>,
     /// The header contract.
@@ -205,14 +205,17 @@ impl Ingest {
     /// Runs until `shutdown`, then commits the stored offsets.
     pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
         self.stopping = Some(shutdown.clone());
+        // The records are read where librdkafka holds them (no copy of each one first): they
+        // borrow this handle, not `self`, which processing them changes.
+        let consumer = self.consumer.clone();
         loop {
             let first = tokio::select! {
                 biased;
                 _ = shutdown.wait_for(|s| *s) => break,
-                m = self.consumer.recv() => m,
+                m = consumer.recv() => m,
             };
             let first = match first {
-                Ok(m) => m.detach(),
+                Ok(m) => m,
                 Err(e) => {
                     warn!(error = %e, "consumer error");
                     continue;
@@ -220,8 +223,8 @@ impl Ingest {
             };
             let mut group = vec![first];
             while group.len() < MAX_GROUP {
-                match ready_now(self.consumer.recv()) {
-                    Some(Ok(m)) => group.push(m.detach()),
+                match ready_now(consumer.recv()) {
+                    Some(Ok(m)) => group.push(m),
                     _ => break,
                 }
             }
@@ -248,7 +251,7 @@ impl Ingest {
         }
     }
 
-    async fn process(&mut self, group: Vec<OwnedMessage>) {
+    async fn process(&mut self, group: Vec<BorrowedMessage<'_>>) {
         if let Some(m) = group.first() {
             debug!(
                 topic = m.topic(),
