@@ -300,27 +300,32 @@ impl Publisher {
     }
 
     /// The record's headers and the provenance headers added to every published record, built
-    /// straight into librdkafka's headers (no copy of the record's own first).
+    /// straight into librdkafka's headers (no copy of the record's own first, no string per
+    /// number, the source topic read in place).
     fn provenance(&self, id: RecordId, record: &StoredRecord, fired_ms: u64) -> OwnedHeaders {
-        let (topic, partition) = self.store.partition_of(id.pid()).unwrap_or_default();
-        let (partition, offset) = (partition.to_string(), id.offset().to_string());
-        let (due, fired) = (record.due_ms.to_string(), fired_ms.to_string());
-        let own = record
-            .headers
-            .iter()
-            .map(|h| (h.key.as_str(), h.value.as_deref()));
-        let added = [
-            (names::ORIGIN_TOPIC, topic.as_bytes()),
-            (names::ORIGIN_PARTITION, partition.as_bytes()),
-            (names::ORIGIN_OFFSET, offset.as_bytes()),
-            (names::DUE_MS, due.as_bytes()),
-            (names::FIRED_MS, fired.as_bytes()),
-        ];
-        own.chain(added.into_iter().map(|(k, v)| (k, Some(v))))
-            .fold(
-                OwnedHeaders::new_with_capacity(record.headers.len() + added.len()),
-                |acc, (key, value)| acc.insert(rdkafka::message::Header { key, value }),
-            )
+        let build = |topic: &str, partition: i32| {
+            let mut digits = [[0u8; 20]; 4];
+            let [p, o, d, f] = &mut digits;
+            let added = [
+                (names::ORIGIN_TOPIC, topic.as_bytes()),
+                (names::ORIGIN_PARTITION, decimal(i64::from(partition), p)),
+                (names::ORIGIN_OFFSET, decimal(id.offset(), o)),
+                (names::DUE_MS, decimal(record.due_ms as i64, d)),
+                (names::FIRED_MS, decimal(fired_ms as i64, f)),
+            ];
+            let own = record
+                .headers
+                .iter()
+                .map(|h| (h.key.as_str(), h.value.as_deref()));
+            own.chain(added.into_iter().map(|(k, v)| (k, Some(v))))
+                .fold(
+                    OwnedHeaders::new_with_capacity(record.headers.len() + added.len()),
+                    |acc, (key, value)| acc.insert(rdkafka::message::Header { key, value }),
+                )
+        };
+        self.store
+            .with_partition(id.pid(), build)
+            .unwrap_or_else(|| build("", 0))
     }
 
     /// Hands a record to the producer; its outcome arrives through [`Reports`]. A full queue
@@ -549,9 +554,36 @@ impl Publisher {
     }
 }
 
+/// `n` in decimal digits, written at the end of `buf`.
+fn decimal(n: i64, buf: &mut [u8; 20]) -> &[u8] {
+    let mut rest = n.unsigned_abs();
+    let mut at = buf.len();
+    loop {
+        at -= 1;
+        buf[at] = b'0' + (rest % 10) as u8;
+        rest /= 10;
+        if rest == 0 {
+            break;
+        }
+    }
+    if n < 0 {
+        at -= 1;
+        buf[at] = b'-';
+    }
+    &buf[at..]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn decimal_writes_what_to_string_writes() {
+        for n in [0, 7, 10, 31, 1_765_000_000_123, -1, -42, i64::MAX, i64::MIN] {
+            let mut buf = [0u8; 20];
+            assert_eq!(decimal(n, &mut buf), n.to_string().as_bytes(), "{n}");
+        }
+    }
 
     #[test]
     fn backoff_doubles_and_is_capped() {

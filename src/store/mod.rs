@@ -394,6 +394,13 @@ impl Store {
             .cloned()
     }
 
+    /// `f(topic, partition)` of a partition id, with the topic read in place (no copy).
+    pub fn with_partition<R>(&self, pid: Pid, f: impl FnOnce(&str, i32) -> R) -> Option<R> {
+        let parts = self.partitions.read().unwrap_or_else(|e| e.into_inner());
+        let (topic, partition) = parts.by_pid.get(usize::from(pid))?;
+        Some(f(topic, *partition))
+    }
+
     /// The id of a source partition already seen, without allocating one.
     pub fn lookup_partition(&self, topic: &str, partition: i32) -> Option<Pid> {
         self.partitions
