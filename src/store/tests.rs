@@ -475,6 +475,19 @@ proptest! {
                     let due: Vec<RecordId> = pending(&store).into_iter().filter(|(d, r)| *d <= upto && !stays(r)).map(|(_, r)| r).collect();
                     let read_at = store.changes();
                     let recs = store.get(&due).unwrap();
+                    // What the publisher reads is the record as it is now: pending, at its
+                    // current due time.
+                    for (r, rec) in due.iter().zip(&recs) {
+                        let rec = rec.as_ref().expect("pending records are read");
+                        prop_assert!(model.contains_key(&(rec.due_ms, *r)), "{r:?} read at {}", rec.due_ms);
+                    }
+                    // And the wheel's stale timers (records cancelled, replaced or delivered)
+                    // read nothing.
+                    let gone: Vec<RecordId> = (0..offset)
+                        .map(|o| RecordId::new(pid, o).unwrap())
+                        .filter(|r| !model.keys().any(|(_, m)| m == r))
+                        .collect();
+                    prop_assert!(store.get(&gone).unwrap().iter().all(Option::is_none), "a gone record was read");
                     let fired: Vec<(RecordId, &StoredRecord)> = due.iter().zip(recs.iter()).filter_map(|(r, rec)| rec.as_ref().map(|rec| (*r, rec))).collect();
                     // The publisher's delete (its due-index entries gathered) or the one that
                     // deletes them at once.
