@@ -386,12 +386,7 @@ impl Store {
 
     /// The (topic, partition) of a partition id.
     pub fn partition_of(&self, pid: Pid) -> Option<(String, i32)> {
-        self.partitions
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_pid
-            .get(usize::from(pid))
-            .cloned()
+        self.with_partition(pid, |topic, partition| (topic.to_owned(), partition))
     }
 
     /// `f(topic, partition)` of a partition id, with the topic read in place (no copy).
