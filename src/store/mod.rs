@@ -235,9 +235,9 @@ pub struct Store {
     /// Due-index keys of records the delete after delivery removed, not deleted yet: they are
     /// gathered (up to `GATHER_DUE_DELETES`) and deleted together, so that adjacent ones go as
     /// one range tombstone instead of a point tombstone each (delivery reports arrive per
-    /// target partition, whose records are every n-th in due order). Locked after `mutex` where both are taken.
-    /// Lost in a crash: those entries then stay in the index, are loaded at start, find no
-    /// record and are gathered again ([`Store::forget_due`]).
+    /// target partition, whose records are every n-th in due order). Locked after `mutex` where
+    /// both are taken. Lost in a crash: those entries then stay in the index, are loaded at
+    /// start, find no record and are gathered again ([`Store::forget_due`]).
     due_garbage: Mutex<Vec<[u8; 16]>>,
     path: PathBuf,
 }
@@ -469,10 +469,7 @@ impl Store {
     /// # Errors
     /// A flush failure.
     pub fn flush(&self) -> Result<()> {
-        {
-            let _writes = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
-            self.delete_gathered_or_warn();
-        }
+        self.delete_gathered_locked();
         self.db.flush_wal(true).map_err(io("WAL flush"))?;
         let cfs: Vec<_> = ALL_CFS.iter().map(|name| self.cf(name)).collect();
         self.db

@@ -84,10 +84,7 @@ impl Store {
         budget: usize,
         mut keep: impl FnMut(u64, &str) -> bool,
     ) -> Result<Page> {
-        {
-            let _writes = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
-            self.delete_gathered_or_warn();
-        }
+        self.delete_gathered_locked();
         let mut iter = self.db.raw_iterator_cf(self.cf(CF_DUE));
         match from {
             Position::Due(d) => iter.seek(d.to_be_bytes()),

@@ -332,6 +332,12 @@ impl Store {
         }
     }
 
+    /// [`Store::delete_gathered_or_warn`] for a caller that does not hold the store's mutex.
+    pub(super) fn delete_gathered_locked(&self) {
+        let _writes = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        self.delete_gathered_or_warn();
+    }
+
     /// Gathers the due-index entries of timers whose record is gone (the publisher found
     /// nothing to publish for them): left behind by a crash between a delete after delivery
     /// and the deletion of its gathered entries, and loaded again at start. An entry whose
@@ -346,8 +352,9 @@ impl Store {
     /// Adds to `batch` the deletion of these due-index entries. Records are delivered about in
     /// due order, so the entries gathered over many deliveries mostly lie next to each other in
     /// the index (one delete batch alone does not: its delivery reports come per target
-    /// partition, and a partition's records are every n-th in due order): each run of at least [`RANGE_DELETE_MIN`] of them with no other entry in between goes as
-    /// one range tombstone, the rest one by one. A point tombstone is a memtable insert (a
+    /// partition, and a partition's records are every n-th in due order): each run of at least
+    /// [`RANGE_DELETE_MIN`] of them with no other entry in between goes as one range tombstone,
+    /// the rest one by one. A point tombstone is a memtable insert (a
     /// skip-list search) per entry, which made the due index's deletes more than half of the
     /// delete after delivery's cost (`bench store-cycle`). Which entries lie in between is read
     /// with an iterator bounded to the batch's first and last entry, under the store's mutex
