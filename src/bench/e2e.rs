@@ -5,8 +5,9 @@
 //! first; then a plain passthrough (the ingest consumer's settings, the broker's producer
 //! settings, the same in-flight window) consumes and re-produces them with their key, value and
 //! headers, and the broker (ingest, RocksDB write, wheel, publish, delete) moves the same number
-//! from a delay topic to a target, with `--sync` off and on. Each rate is records over the time from the first record consumed to the last one
-//! acknowledged (and, for the broker, deleted from RocksDB).
+//! from a delay topic to a target, with `--sync` off and on. Each rate is records over the time
+//! from the first record consumed to the last one acknowledged (and, for the broker, deleted
+//! from RocksDB).
 //!
 //! Sweep: records due `--delay` after they are produced arrive at rising rates (from a fifth of
 //! the throughput rate, a quarter more per step) until the broker no longer fires them within

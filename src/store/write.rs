@@ -354,13 +354,12 @@ impl Store {
     /// the index (one delete batch alone does not: its delivery reports come per target
     /// partition, and a partition's records are every n-th in due order): each run of at least
     /// [`RANGE_DELETE_MIN`] of them with no other entry in between goes as one range tombstone,
-    /// the rest one by one. A point tombstone is a memtable insert (a
-    /// skip-list search) per entry, which made the due index's deletes more than half of the
-    /// delete after delivery's cost (`bench store-cycle`). Which entries lie in between is read
-    /// with an iterator bounded to the batch's first and last entry, under the store's mutex
-    /// (every write to the index takes it), so no entry can appear there before the batch is
-    /// written; one written later has a later sequence number, which a range tombstone does
-    /// not cover.
+    /// the rest one by one. A point tombstone is a memtable insert (a skip-list search) per
+    /// entry, which made the due index's deletes more than half of the delete after delivery's
+    /// cost (`bench store-cycle`). Which entries lie in between is read with an iterator bounded
+    /// to the batch's first and last entry, under the store's mutex (every write to the index
+    /// takes it), so no entry can appear there before the batch is written; one written later
+    /// has a later sequence number, which a range tombstone does not cover.
     fn delete_due_entries(&self, batch: &mut WriteBatch, keys: &mut Vec<[u8; 16]>) -> Result<()> {
         keys.sort_unstable();
         keys.dedup();
