@@ -225,7 +225,7 @@ mod tests {
                     timestamp_ms: Some(NOW),
                     key: r.key.as_deref(),
                     value: r.value.as_deref(),
-                    headers: r.headers(),
+                    headers: &r.headers().iter().map(Header::borrowed).collect::<Vec<_>>(),
                 },
                 NOW,
             )

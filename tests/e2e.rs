@@ -275,7 +275,11 @@ async fn every_bad_input_class_lands_in_the_dead_letter_topic_and_nothing_stalls
     let big = "x".repeat(3_000);
     type Case<'a> = (&'a str, Vec<(&'a str, &'a str)>, Option<&'a str>);
     let cases: Vec<Case<'_>> = vec![
-        ("missing-target", vec![("delay-after", "1s")], Some("a")),
+        (
+            "missing-target",
+            vec![("delay-after", "1s"), ("trace-id", "t-1")],
+            Some("a"),
+        ),
         (
             "invalid-target",
             vec![("delay-target", "bad/topic"), ("delay-after", "1s")],
@@ -395,6 +399,10 @@ async fn every_bad_input_class_lands_in_the_dead_letter_topic_and_nothing_stalls
         cases.len() + 1,
         "one dead letter per bad record"
     );
+    // A dead letter keeps the record's own headers, control ones included, so that it can be
+    // mended and replayed.
+    assert_eq!(dead[0].header("trace-id").as_deref(), Some("t-1"));
+    assert_eq!(dead[0].header("delay-after").as_deref(), Some("1s"));
     for (i, (reason, _, value)) in cases.iter().enumerate() {
         let d = &dead[i];
         assert_eq!(

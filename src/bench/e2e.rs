@@ -124,6 +124,9 @@ pub struct Throughput {
     /// record moved, microseconds: passthrough, broker with sync off. Steadier than the rates
     /// on a shared machine, because a neighbour's load takes wall time, not our CPU time.
     pub cpu_us_per_record: [f64; 2],
+    /// Page faults of the whole process per record moved (minor ones: memory the kernel maps
+    /// in, zeroed, on first touch), passthrough and broker with sync off.
+    pub page_faults_per_record: [f64; 2],
 }
 
 /// The lateness run.
@@ -293,6 +296,7 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         // hits one round rather than one side; the medians are reported.
         let mut rates: [Vec<f64>; 4] = Default::default();
         let mut cpu: [Vec<f64>; 2] = Default::default();
+        let mut faults: [Vec<f64>; 2] = Default::default();
         if i == 0 {
             // Unmeasured: the first run against a freshly started Kafka in its own process was
             // about 12% slower than the same run after it, and the passthrough runs first.
@@ -312,22 +316,28 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
                 .await?;
             let round = [pt.wall, off.wall, on.wall, consume].map(|d| n as f64 / d.as_secs_f64());
             let us = [pt.cpu, off.cpu].map(|d| d.as_secs_f64() * 1e6 / n as f64);
+            let per = [pt.faults, off.faults].map(|f| f as f64 / n as f64);
             eprintln!(
                 "round {r}: passthrough {:.0}/s, kafka-delay {:.0}/s ({:.2}), --sync {:.0}/s; \
-                 CPU per record {:.2} us / {:.2} us ({:.2})",
+                 CPU per record {:.2} us / {:.2} us ({:.2}); page faults per record {:.3} / {:.3}",
                 round[0],
                 round[1],
                 round[1] / round[0],
                 round[2],
                 us[0],
                 us[1],
-                us[0] / us[1]
+                us[0] / us[1],
+                per[0],
+                per[1]
             );
             for (all, rate) in rates.iter_mut().zip(round) {
                 all.push(rate);
             }
             for (all, us) in cpu.iter_mut().zip(us) {
                 all.push(us);
+            }
+            for (all, f) in faults.iter_mut().zip(per) {
+                all.push(f);
             }
         }
         let [pt, off, on, consume] = rates.map(median);
@@ -341,6 +351,7 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
             broker_sync_per_s: on,
             consume_only_per_s: consume,
             cpu_us_per_record,
+            page_faults_per_record: faults.map(median),
         };
         println!(
             "| {size} B | {n} x {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} / {:.2} ({:.2}) |",
@@ -511,6 +522,7 @@ fn config(brokers: &str, data_dir: &std::path::Path, extra: &[&str]) -> Result<C
 struct Span {
     wall: Duration,
     cpu: Duration,
+    faults: u64,
 }
 
 /// Started when a run's first record is consumed.
@@ -518,43 +530,51 @@ struct Span {
 struct Stopwatch {
     wall: Instant,
     cpu: Duration,
+    faults: u64,
 }
 
 impl Stopwatch {
     fn start() -> Self {
+        let (cpu, faults) = process_usage();
         Self {
             wall: Instant::now(),
-            cpu: process_cpu(),
+            cpu,
+            faults,
         }
     }
 
     fn stop(self) -> Span {
+        let (cpu, faults) = process_usage();
         Span {
             wall: self.wall.elapsed(),
-            cpu: process_cpu().saturating_sub(self.cpu),
+            cpu: cpu.saturating_sub(self.cpu),
+            faults: faults.saturating_sub(self.faults),
         }
     }
 }
 
-/// User plus system CPU time of this process, all threads (`/proc/self/stat`, 10 ms ticks);
-/// zero where that cannot be read.
-fn process_cpu() -> Duration {
+/// User plus system CPU time of this process, all threads (10 ms ticks), and its minor page
+/// faults so far, from `/proc/self/stat`; zero where that cannot be read.
+fn process_usage() -> (Duration, u64) {
     let Ok(stat) = std::fs::read_to_string("/proc/self/stat") else {
-        return Duration::ZERO;
+        return (Duration::ZERO, 0);
     };
     // Fields after the command name, which is in parentheses and may hold spaces: state is
-    // field 3, utime 14, stime 15.
+    // field 3, minflt 10, utime 14, stime 15.
     let fields: Vec<&str> = stat
         .rsplit_once(')')
         .map(|(_, rest)| rest.split_whitespace().collect())
         .unwrap_or_default();
-    let ticks = |i: usize| {
+    let field = |n: usize| {
         fields
-            .get(i)
+            .get(n - 3)
             .and_then(|f| f.parse::<u64>().ok())
             .unwrap_or(0)
     };
-    Duration::from_millis((ticks(11) + ticks(12)) * 10)
+    (
+        Duration::from_millis((field(14) + field(15)) * 10),
+        field(10),
+    )
 }
 
 fn median(mut v: Vec<f64>) -> f64 {

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::message::{BorrowedMessage, Headers, Message};
 use rdkafka::producer::FutureProducer;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
@@ -31,10 +31,10 @@ pub use context::IngestContext;
 
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::kafka::{base_config, ensure_topic, headers_from, KafkaSetupError};
+use crate::kafka::{base_config, ensure_topic, KafkaSetupError};
 use crate::metrics::Metrics;
 use crate::publish::dead_letter::{DeadLetter, DeadLetters, Origin};
-use crate::record::{Command, Contract, Incoming};
+use crate::record::{Command, Contract, HeaderRef, Incoming};
 use crate::scheduler::{Inserts, Wake};
 use crate::store::{IngestOp, Pid, Store};
 
@@ -270,6 +270,8 @@ impl Ingest {
         let mut ingested: Vec<&str> = Vec::with_capacity(group.len());
         // A group holds runs of records from one partition: its id is looked up once per run.
         let mut current: Option<(&str, i32, Pid)> = None;
+        // Each record's headers, read in place (the contract copies the ones it carries on).
+        let mut headers: Vec<HeaderRef<'_>> = Vec::new();
         for m in &group {
             let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
             let pid = match current {
@@ -285,7 +287,13 @@ impl Ingest {
                 continue; // stored before a crash; Kafka's commit had not caught up
             }
             ingested.push(topic);
-            let headers = headers_from(m.headers());
+            headers.clear();
+            if let Some(hs) = m.headers() {
+                headers.extend(hs.iter().map(|h| HeaderRef {
+                    key: h.key,
+                    value: h.value,
+                }));
+            }
             let incoming = Incoming {
                 topic,
                 timestamp_ms: m
@@ -340,7 +348,7 @@ impl Ingest {
                     dead.push(DeadLetter {
                         key: m.key().map(<[u8]>::to_vec),
                         value: m.payload().map(<[u8]>::to_vec),
-                        headers,
+                        headers: headers.iter().map(|h| h.to_header()).collect(),
                         reject,
                         origin: Origin {
                             topic: topic.to_owned(),

@@ -65,6 +65,34 @@ impl Header {
             value: Some(value.into()),
         }
     }
+
+    /// The header as a consumed record's header is seen: borrowed.
+    pub fn borrowed(&self) -> HeaderRef<'_> {
+        HeaderRef {
+            key: &self.key,
+            value: self.value.as_deref(),
+        }
+    }
+}
+
+/// A header of a consumed record, read where the Kafka client holds it: the contract copies
+/// only the headers it carries on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HeaderRef<'a> {
+    /// Header name.
+    pub key: &'a str,
+    /// Header value, `None` for a null header.
+    pub value: Option<&'a [u8]>,
+}
+
+impl HeaderRef<'_> {
+    /// An owned copy.
+    pub fn to_header(self) -> Header {
+        Header {
+            key: self.key.to_owned(),
+            value: self.value.map(<[u8]>::to_vec),
+        }
+    }
 }
 
 /// A consumed record, as the contract sees it.
@@ -79,7 +107,7 @@ pub struct Incoming<'a> {
     /// Record value; `None` is a tombstone.
     pub value: Option<&'a [u8]>,
     /// Record headers in order.
-    pub headers: &'a [Header],
+    pub headers: &'a [HeaderRef<'a>],
 }
 
 /// What a valid record asks for.
@@ -156,7 +184,7 @@ impl Contract {
             + rec
                 .headers
                 .iter()
-                .map(|h| h.key.len() + h.value.as_ref().map_or(0, Vec::len))
+                .map(|h| h.key.len() + h.value.map_or(0, <[u8]>::len))
                 .sum::<usize>();
         if size > self.max_record_bytes {
             return Err(Reject::new(
@@ -517,19 +545,19 @@ pub fn is_reserved(name: &str) -> bool {
     names::RESERVED_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
-fn user_headers(headers: &[Header]) -> Vec<Header> {
+fn user_headers(headers: &[HeaderRef<'_>]) -> Vec<Header> {
     headers
         .iter()
-        .filter(|h| !is_reserved(&h.key))
-        .cloned()
+        .filter(|h| !is_reserved(h.key))
+        .map(|h| h.to_header())
         .collect()
 }
 
 /// The value of a control header: absent, or one UTF-8 value (repeats must agree).
-fn control<'h>(headers: &'h [Header], name: &str) -> Result<Option<&'h str>, Reject> {
+fn control<'h>(headers: &[HeaderRef<'h>], name: &str) -> Result<Option<&'h str>, Reject> {
     let mut found: Option<&'h str> = None;
     for h in headers.iter().filter(|h| h.key == name) {
-        let Some(bytes) = &h.value else {
+        let Some(bytes) = h.value else {
             return Err(Reject::new(
                 Reason::InvalidHeader,
                 format!("header {name} has no value"),

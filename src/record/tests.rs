@@ -41,7 +41,7 @@ fn run_keyed(
             timestamp_ms: Some(NOW - 1_000),
             key,
             value,
-            headers,
+            headers: &headers.iter().map(Header::borrowed).collect::<Vec<_>>(),
         },
         NOW,
     )
@@ -378,7 +378,7 @@ proptest! {
         topic in prop_oneof![Just("delay.in".to_owned()), Just("delay.5s".to_owned()), Just("delay.retry".to_owned()), "[a-z.0-9]{1,10}"],
     ) {
         let c = contract();
-        let rec = Incoming { topic: &topic, timestamp_ms: Some(NOW), key: key.as_deref(), value: value.as_deref(), headers: &headers };
+        let rec = Incoming { topic: &topic, timestamp_ms: Some(NOW), key: key.as_deref(), value: value.as_deref(), headers: &headers.iter().map(Header::borrowed).collect::<Vec<_>>() };
         match c.interpret(&rec, NOW) {
             Ok(Command::Schedule(s)) => {
                 prop_assert!(s.due_ms <= NOW + c.max_delay_ms);
@@ -571,12 +571,13 @@ fn malformed_retry_headers_are_rejected_with_a_reason() {
 fn an_unusable_retry_dead_letter_topic_is_a_reject() {
     let mut c = contract();
     c.retry.default.dead_letter = "delay.{target}".into();
+    let headers = [h("delay-target", "orders"), h("retry-attempt", "3")];
     let rec = Incoming {
         topic: "delay.retry",
         timestamp_ms: Some(SENT),
         key: None,
         value: Some(b"v"),
-        headers: &[h("delay-target", "orders"), h("retry-attempt", "3")],
+        headers: &headers.each_ref().map(Header::borrowed),
     };
     let rej = c.interpret(&rec, NOW).unwrap_err();
     assert_eq!(rej.reason, Reason::RetriesExhausted);

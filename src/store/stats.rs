@@ -31,7 +31,13 @@ pub struct Snapshot {
 impl PendingStats {
     /// Counts a new pending record.
     pub fn add(&mut self, target: &str, due_ms: u64) {
-        *self.by_target.entry(target.to_owned()).or_default() += 1;
+        // The name is copied only for a target not counted yet (not once per record).
+        match self.by_target.get_mut(target) {
+            Some(n) => *n += 1,
+            None => {
+                self.by_target.insert(target.to_owned(), 1);
+            }
+        }
         *self.by_minute.entry(due_ms / 60_000).or_default() += 1;
     }
 
