@@ -66,7 +66,7 @@ impl Header {
         }
     }
 
-    /// The header as a consumed record's header is seen: borrowed.
+    /// This header, borrowed: how the contract reads a consumed record's headers.
     pub fn borrowed(&self) -> HeaderRef<'_> {
         HeaderRef {
             key: &self.key,
