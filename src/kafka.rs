@@ -11,7 +11,7 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{DefaultProducerContext, FutureProducer, Producer};
 
 use crate::config::{Config, KafkaProp};
-use crate::record::Header;
+use crate::record::{Header, HeaderRef};
 
 /// Errors talking to Kafka at start-up.
 #[derive(Debug, thiserror::Error)]
@@ -242,16 +242,25 @@ pub async fn topic_exists(
 
 /// Converts rdkafka headers to the contract's.
 pub fn headers_from<H: Headers>(headers: Option<&H>) -> Vec<Header> {
-    let Some(headers) = headers else {
-        return Vec::new();
-    };
-    headers
-        .iter()
-        .map(|h| Header {
-            key: h.key.to_owned(),
-            value: h.value.map(<[u8]>::to_vec),
-        })
-        .collect()
+    headers.map_or_else(Vec::new, |hs| {
+        hs.iter().map(|h| header_ref(h).to_header()).collect()
+    })
+}
+
+/// Reads rdkafka headers in place, as the contract reads a consumed record's: `into` is
+/// cleared and refilled, so that one list serves a whole group of records.
+pub fn header_refs<'a, H: Headers>(headers: Option<&'a H>, into: &mut Vec<HeaderRef<'a>>) {
+    into.clear();
+    if let Some(headers) = headers {
+        into.extend(headers.iter().map(header_ref));
+    }
+}
+
+fn header_ref<'a>(h: rdkafka::message::Header<'a, &'a [u8]>) -> HeaderRef<'a> {
+    HeaderRef {
+        key: h.key,
+        value: h.value,
+    }
 }
 
 /// Converts the contract's headers to rdkafka's.

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
-use rdkafka::message::{BorrowedMessage, Headers, Message};
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::producer::FutureProducer;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
@@ -31,7 +31,7 @@ pub use context::IngestContext;
 
 use crate::clock::Clock;
 use crate::config::Config;
-use crate::kafka::{base_config, ensure_topic, KafkaSetupError};
+use crate::kafka::{base_config, ensure_topic, header_refs, KafkaSetupError};
 use crate::metrics::Metrics;
 use crate::publish::dead_letter::{DeadLetter, DeadLetters, Origin};
 use crate::record::{Command, Contract, HeaderRef, Incoming};
@@ -287,13 +287,7 @@ impl Ingest {
                 continue; // stored before a crash; Kafka's commit had not caught up
             }
             ingested.push(topic);
-            headers.clear();
-            if let Some(hs) = m.headers() {
-                headers.extend(hs.iter().map(|h| HeaderRef {
-                    key: h.key,
-                    value: h.value,
-                }));
-            }
+            header_refs(m.headers(), &mut headers);
             let incoming = Incoming {
                 topic,
                 timestamp_ms: m

@@ -25,6 +25,11 @@ fn h(k: &str, v: &str) -> Header {
     Header::new(k, v)
 }
 
+/// The headers as a consumed record carries them.
+fn refs(headers: &[Header]) -> Vec<HeaderRef<'_>> {
+    headers.iter().map(Header::borrowed).collect()
+}
+
 fn run(topic: &str, headers: &[Header], value: Option<&[u8]>) -> Result<Command, Reject> {
     run_keyed(topic, headers, Some(b"k"), value)
 }
@@ -41,7 +46,7 @@ fn run_keyed(
             timestamp_ms: Some(NOW - 1_000),
             key,
             value,
-            headers: &headers.iter().map(Header::borrowed).collect::<Vec<_>>(),
+            headers: &refs(headers),
         },
         NOW,
     )
@@ -378,7 +383,7 @@ proptest! {
         topic in prop_oneof![Just("delay.in".to_owned()), Just("delay.5s".to_owned()), Just("delay.retry".to_owned()), "[a-z.0-9]{1,10}"],
     ) {
         let c = contract();
-        let rec = Incoming { topic: &topic, timestamp_ms: Some(NOW), key: key.as_deref(), value: value.as_deref(), headers: &headers.iter().map(Header::borrowed).collect::<Vec<_>>() };
+        let rec = Incoming { topic: &topic, timestamp_ms: Some(NOW), key: key.as_deref(), value: value.as_deref(), headers: &refs(&headers) };
         match c.interpret(&rec, NOW) {
             Ok(Command::Schedule(s)) => {
                 prop_assert!(s.due_ms <= NOW + c.max_delay_ms);
