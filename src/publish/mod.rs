@@ -22,7 +22,7 @@ use std::time::Duration;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{BaseRecord, Producer};
-use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tracing::{error, info, warn};
 
 use crate::clock::Clock;
@@ -108,16 +108,10 @@ type AttemptMap = Arc<Mutex<HashMap<RecordId, Attempts>>>;
 /// What became of one produced record.
 #[derive(Debug)]
 pub struct Outcome {
-    id: RecordId,
-    record: Arc<StoredRecord>,
+    sent: Arc<Sent>,
     result: Result<(), KafkaError>,
     /// When the delivery report arrived (epoch ms), before any queueing on our side.
     reported_ms: u64,
-    /// When the record was handed to the producer (epoch ms).
-    sent_ms: u64,
-    /// The store's change count before the record was read ([`Store::changes`]).
-    read_at: u64,
-    permit: OwnedSemaphorePermit,
 }
 
 /// Everything the publish side needs.
@@ -278,15 +272,15 @@ impl Publisher {
             let Ok(permit) = sem.clone().acquire_owned().await else {
                 return;
             };
-            let sent = Box::new(Sent {
+            let sent = Arc::new(Sent {
                 id: due.id,
-                record: Arc::new(record),
-                permit,
+                record,
+                _permit: permit,
                 sent_ms: self.clock.now_ms(),
                 read_at,
             });
             if let Err((e, sent)) = self.produce(sent).await {
-                self.reports.send(*sent, Err(e));
+                self.reports.send(sent, Err(e));
             }
         }
     }
@@ -330,11 +324,14 @@ impl Publisher {
 
     /// Hands a record to the producer; its outcome arrives through [`Reports`]. A full queue
     /// is waited out; any other refusal is returned with the record.
-    async fn produce(&self, mut sent: Box<Sent>) -> Result<(), (KafkaError, Box<Sent>)> {
-        let record = sent.record.clone();
-        let mut headers = Some(self.provenance(sent.id, &record, sent.sent_ms));
+    async fn produce(&self, mut sent: Arc<Sent>) -> Result<(), (KafkaError, Arc<Sent>)> {
+        // The produce call borrows the topic, key and value from this handle while the record
+        // travels as the delivery opaque.
+        let borrowed = sent.clone();
+        let record = &borrowed.record;
+        let mut headers = Some(self.provenance(sent.id, record, sent.sent_ms));
         loop {
-            let mut rec = BaseRecord::<[u8], [u8], Box<Sent>>::with_opaque_to(&record.target, sent);
+            let mut rec = BaseRecord::<[u8], [u8], Arc<Sent>>::with_opaque_to(&record.target, sent);
             if let Some(h) = headers.take() {
                 rec = rec.headers(h);
             }
@@ -386,26 +383,27 @@ impl Publisher {
 
     async fn handle(&self, outcomes: Vec<Outcome>, attempts: &AttemptMap) {
         let now = self.clock.now_ms();
-        let mut finished: Vec<(RecordId, Arc<StoredRecord>)> = Vec::new();
-        let mut permits = Vec::with_capacity(outcomes.len());
+        let mut finished: Vec<Arc<Sent>> = Vec::new();
+        // The records to try again, with their in-flight permits, until this batch is handled.
+        let mut permits = Vec::new();
         let mut retry: Vec<(u64, RecordId)> = Vec::new();
-        let ids: Vec<RecordId> = outcomes.iter().map(|o| o.id).collect();
+        let ids: Vec<RecordId> = outcomes.iter().map(|o| o.sent.id).collect();
         // The oldest change count any of them was read at: if the store's is still that, none
         // was cancelled, replaced or moved since.
-        let read_at = outcomes.iter().map(|o| o.read_at).min().unwrap_or(0);
+        let read_at = outcomes.iter().map(|o| o.sent.read_at).min().unwrap_or(0);
         // Dead-lettered after failed deliveries: deleted like the delivered ones, not counted.
         let mut dead_lettered = Vec::new();
         for o in outcomes {
-            permits.push(o.permit);
+            let sent = o.sent;
             let err = match o.result {
                 Ok(()) => {
                     self.metrics
                         .delivery_lateness
-                        .observe(o.reported_ms.saturating_sub(o.record.due_ms) as f64 / 1000.0);
+                        .observe(o.reported_ms.saturating_sub(sent.record.due_ms) as f64 / 1000.0);
                     self.metrics
                         .produce_round_trip
-                        .observe(o.reported_ms.saturating_sub(o.sent_ms) as f64 / 1000.0);
-                    finished.push((o.id, o.record));
+                        .observe(o.reported_ms.saturating_sub(sent.sent_ms) as f64 / 1000.0);
+                    finished.push(sent);
                     continue;
                 }
                 Err(e) => e,
@@ -414,7 +412,7 @@ impl Publisher {
             self.metrics.produce_errors.with_label_values(&[kind]).inc();
             let a = {
                 let mut map = attempts.lock().unwrap_or_else(|e| e.into_inner());
-                let a = map.entry(o.id).or_default();
+                let a = map.entry(sent.id).or_default();
                 a.total += 1;
                 if matches!(failure, Failure::Permanent(_)) {
                     a.permanent += 1;
@@ -424,32 +422,36 @@ impl Publisher {
             match failure {
                 Failure::Permanent(reason) if a.permanent >= self.policy.max_attempts => {
                     if self
-                        .dead_letter(o.id, &o.record, reason, &err, a.total)
+                        .dead_letter(sent.id, &sent.record, reason, &err, a.total)
                         .await
                     {
                         attempts
                             .lock()
                             .unwrap_or_else(|e| e.into_inner())
-                            .remove(&o.id);
-                        dead_lettered.push((o.id, o.record));
+                            .remove(&sent.id);
+                        dead_lettered.push(sent);
                     } else {
-                        retry.push((now + self.policy.backoff_max_ms, o.id));
+                        retry.push((now + self.policy.backoff_max_ms, sent.id));
+                        permits.push(sent);
                     }
                 }
                 _ => {
                     if a.total == 1 {
-                        warn!(target = %o.record.target, error = %err, kind,
+                        warn!(target = %sent.record.target, error = %err, kind,
                               "delivery failed; retrying with backoff");
                     }
-                    retry.push((now + self.policy.backoff_ms(a.total), o.id));
+                    retry.push((now + self.policy.backoff_ms(a.total), sent.id));
+                    permits.push(sent);
                 }
             }
         }
         self.count_fired(&finished, attempts);
         finished.append(&mut dead_lettered);
+        // Shared with the blocking delete; their permits go back with the others' below.
+        let finished = Arc::new(finished);
         if !finished.is_empty() {
             crate::failpoint::hit("after-delivery");
-            self.remove(finished, read_at).await;
+            self.remove(&finished, read_at).await;
         }
         {
             let mut in_flight = self.in_flight_ids.lock().unwrap_or_else(|e| e.into_inner());
@@ -457,7 +459,7 @@ impl Publisher {
                 in_flight.remove(id);
             }
         }
-        drop(permits);
+        drop((finished, permits));
         if !retry.is_empty() && self.retries.send(Wake::Retry(retry)).await.is_err() {
             info!("scheduler stopped; records awaiting a retry fire again after restart");
         }
@@ -465,15 +467,15 @@ impl Publisher {
     }
 
     /// Counts delivered records by target and forgets their failed attempts.
-    fn count_fired(&self, delivered: &[(RecordId, Arc<StoredRecord>)], attempts: &AttemptMap) {
+    fn count_fired(&self, delivered: &[Arc<Sent>], attempts: &AttemptMap) {
         crate::metrics::count_each(
             &self.metrics.fired,
-            delivered.iter().map(|(_, r)| r.target.as_str()),
+            delivered.iter().map(|s| s.record.target.as_str()),
         );
         let mut attempts = attempts.lock().unwrap_or_else(|e| e.into_inner());
         if !attempts.is_empty() {
-            for (id, _) in delivered {
-                attempts.remove(id);
+            for s in delivered {
+                attempts.remove(&s.id);
             }
         }
     }
@@ -525,15 +527,14 @@ impl Publisher {
         }
     }
 
-    async fn remove(&self, finished: Vec<(RecordId, Arc<StoredRecord>)>, read_at: u64) {
-        let finished = Arc::new(finished);
+    async fn remove(&self, finished: &Arc<Vec<Arc<Sent>>>, read_at: u64) {
         let mut delay = Duration::from_millis(50);
         loop {
             let store = self.store.clone();
             let batch = finished.clone();
             let result = tokio::task::spawn_blocking(move || {
                 let refs: Vec<(RecordId, &StoredRecord)> =
-                    batch.iter().map(|(id, r)| (*id, &**r)).collect();
+                    batch.iter().map(|s| (s.id, &s.record)).collect();
                 store.remove_delivered(&refs, read_at)
             })
             .await;

@@ -1,7 +1,8 @@
 //! Delivery reports, straight from librdkafka's polling thread into the completion task.
 //!
 //! Each produced record carries what its outcome needs (its id, the record, the in-flight
-//! permit) as the delivery opaque; the producer's context turns the report into an
+//! permit) as the delivery opaque, one allocation that the produce call also borrows the
+//! record's topic, key and value from; the producer's context turns the report into an
 //! [`Outcome`] and sends it on one channel. No task or future per record, and the
 //! acknowledgement time is taken when the report arrives.
 
@@ -16,12 +17,14 @@ use super::Outcome;
 use crate::clock::Clock;
 use crate::store::{RecordId, StoredRecord};
 
-/// A record handed to the producer, until its delivery report.
+/// A record handed to the producer, until its outcome has been handled (it holds the
+/// in-flight permit until then).
 #[derive(Debug)]
 pub struct Sent {
     pub(crate) id: RecordId,
-    pub(crate) record: Arc<StoredRecord>,
-    pub(crate) permit: OwnedSemaphorePermit,
+    pub(crate) record: StoredRecord,
+    /// Held, not read: the in-flight slot goes back when the last handle is dropped.
+    pub(crate) _permit: OwnedSemaphorePermit,
     /// When it was handed to the producer (epoch ms; its `delay-fired-ms`).
     pub(crate) sent_ms: u64,
     /// The store's change count before it was read.
@@ -56,23 +59,12 @@ impl Reports {
     }
 
     /// An outcome known without a report (the produce call itself failed).
-    pub(crate) fn send(&self, sent: Sent, result: Result<(), rdkafka::error::KafkaError>) {
-        let Sent {
-            id,
-            record,
-            permit,
-            sent_ms,
-            read_at,
-        } = sent;
+    pub(crate) fn send(&self, sent: Arc<Sent>, result: Result<(), rdkafka::error::KafkaError>) {
         // The receiver lives as long as the publisher; after that nothing waits for outcomes.
         let _ = self.tx.send(Outcome {
-            id,
-            record,
+            sent,
             result,
             reported_ms: self.clock.now_ms(),
-            sent_ms,
-            read_at,
-            permit,
         });
     }
 }
@@ -80,13 +72,13 @@ impl Reports {
 impl ClientContext for Reports {}
 
 impl ProducerContext for Reports {
-    type DeliveryOpaque = Box<Sent>;
+    type DeliveryOpaque = Arc<Sent>;
 
-    fn delivery(&self, result: &DeliveryResult<'_>, sent: Box<Sent>) {
+    fn delivery(&self, result: &DeliveryResult<'_>, sent: Arc<Sent>) {
         let result = match result {
             Ok(_) => Ok(()),
             Err((e, _)) => Err(e.clone()),
         };
-        self.send(*sent, result);
+        self.send(sent, result);
     }
 }

@@ -142,44 +142,47 @@ fn put_bytes(out: &mut Vec<u8>, b: Option<&[u8]>) {
     }
 }
 
-/// Encodes a record from its parts (version 1 layout), so that a record to store can be
-/// encoded from what ingest holds without copying it into a [`StoredRecord`] first.
+/// Encodes a record from its parts (version 1 layout) into `out` (cleared first), so that a
+/// record to store can be encoded from what ingest holds without copying it into a
+/// [`StoredRecord`] first, and a batch of them reuses one buffer.
 pub fn encode_record(
+    out: &mut Vec<u8>,
     due_ms: u64,
     target: &str,
     id: Option<&[u8]>,
     key: Option<&[u8]>,
     value: Option<&[u8]>,
     headers: &[Header],
-) -> Vec<u8> {
-    let mut out = Vec::with_capacity(
-        64 + target.len() + value.map_or(0, <[u8]>::len) + key.map_or(0, <[u8]>::len),
-    );
+) {
+    out.clear();
+    out.reserve(64 + target.len() + value.map_or(0, <[u8]>::len) + key.map_or(0, <[u8]>::len));
     out.push(VERSION);
     out.extend_from_slice(&due_ms.to_be_bytes());
-    put_bytes(&mut out, Some(target.as_bytes()));
-    put_bytes(&mut out, id);
-    put_bytes(&mut out, key);
-    put_bytes(&mut out, value);
+    put_bytes(out, Some(target.as_bytes()));
+    put_bytes(out, id);
+    put_bytes(out, key);
+    put_bytes(out, value);
     out.extend_from_slice(&(headers.len() as u32).to_be_bytes());
     for h in headers {
-        put_bytes(&mut out, Some(h.key.as_bytes()));
-        put_bytes(&mut out, h.value.as_deref());
+        put_bytes(out, Some(h.key.as_bytes()));
+        put_bytes(out, h.value.as_deref());
     }
-    out
 }
 
 impl StoredRecord {
     /// Encodes the record (version 1 layout).
     pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::new();
         encode_record(
+            &mut out,
             self.due_ms,
             &self.target,
             self.id.as_deref(),
             self.key.as_deref(),
             self.value.as_deref(),
             &self.headers,
-        )
+        );
+        out
     }
 
     /// The due time of an encoded record, read from its header alone; `None` when the bytes

@@ -4,7 +4,11 @@
 //! The counts are also persisted: every write batch of the store carries the new value of each
 //! count it changes ([`PendingStats::persisted_after`]), so a restart reads a few thousand
 //! counts ([`PendingStats::load`]) instead of scanning every pending record.
+//!
+//! A write batch's changes are summed first ([`Changes`]): the counts and their persisted form
+//! are then touched once per target and minute in the batch, not once per record.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
 
 /// Due-time buckets of the `pending by due` metric, by how far ahead of now.
@@ -41,44 +45,46 @@ impl PendingStats {
         *self.by_minute.entry(due_ms / 60_000).or_default() += 1;
     }
 
-    /// Uncounts a record that fired, was cancelled or replaced.
-    pub fn remove(&mut self, target: &str, due_ms: u64) {
-        if let Some(n) = self.by_target.get_mut(target) {
-            *n -= 1;
-            if *n == 0 {
-                self.by_target.remove(target);
+    /// Applies summed changes (a count that would go below zero stops at zero).
+    pub fn apply(&mut self, changes: &mut Changes<'_>) {
+        changes.sum();
+        for (target, d) in &changes.by_target {
+            match self.by_target.get_mut(target.as_ref()) {
+                Some(n) => {
+                    *n = after(Some(n), *d);
+                    if *n == 0 {
+                        self.by_target.remove(target.as_ref());
+                    }
+                }
+                None if *d > 0 => {
+                    self.by_target
+                        .insert(target.clone().into_owned(), *d as u64);
+                }
+                None => {}
             }
         }
-        let minute = due_ms / 60_000;
-        if let Some(n) = self.by_minute.get_mut(&minute) {
-            *n -= 1;
-            if *n == 0 {
+        for &(minute, d) in &changes.by_minute {
+            let n = after(self.by_minute.get(&minute), d);
+            if n == 0 {
                 self.by_minute.remove(&minute);
+            } else {
+                self.by_minute.insert(minute, n);
             }
         }
     }
 
     /// The persisted form of every count these `changes` touch, once they are applied:
-    /// `(key, count)`, a count of 0 meaning "delete the key". A change is (target, due ms,
-    /// added: true, removed: false).
-    pub fn persisted_after<'a>(
-        &self,
-        changes: impl IntoIterator<Item = (&'a str, u64, bool)>,
-    ) -> Vec<(Vec<u8>, u64)> {
-        let mut by_target: HashMap<&str, i64> = HashMap::new();
-        let mut by_minute: BTreeMap<u64, i64> = BTreeMap::new();
-        for (target, due_ms, added) in changes {
-            let d = if added { 1 } else { -1 };
-            *by_target.entry(target).or_default() += d;
-            *by_minute.entry(due_ms / 60_000).or_default() += d;
-        }
-        let after = |now: Option<&u64>, d: i64| (*now.unwrap_or(&0) as i64 + d).max(0) as u64;
-        let targets = by_target
-            .into_iter()
-            .map(|(t, d)| (target_key(t), after(self.by_target.get(t), d)));
-        let minutes = by_minute
-            .into_iter()
-            .map(|(m, d)| (minute_key(m), after(self.by_minute.get(&m), d)));
+    /// `(key, count)`, a count of 0 meaning "delete the key".
+    pub fn persisted_after(&self, changes: &mut Changes<'_>) -> Vec<(Vec<u8>, u64)> {
+        changes.sum();
+        let targets = changes.by_target.iter().map(|(t, d)| {
+            let now = self.by_target.get(t.as_ref());
+            (target_key(t), after(now, *d))
+        });
+        let minutes = changes
+            .by_minute
+            .iter()
+            .map(|&(m, d)| (minute_key(m), after(self.by_minute.get(&m), d)));
         targets.chain(minutes).collect()
     }
 
@@ -154,6 +160,55 @@ impl PendingStats {
     }
 }
 
+/// A count after a change of `d`, never below zero.
+fn after(now: Option<&u64>, d: i64) -> u64 {
+    (*now.unwrap_or(&0) as i64 + d).max(0) as u64
+}
+
+/// The changes one write batch makes to the counts, summed per target and per due minute.
+/// Records of the same target and minute usually come one after another: each of those costs
+/// a comparison, not a lookup.
+#[derive(Debug, Default)]
+pub struct Changes<'a> {
+    by_target: Vec<(Cow<'a, str>, i64)>,
+    by_minute: Vec<(u64, i64)>,
+}
+
+impl<'a> Changes<'a> {
+    /// A record of `target` due at `due_ms` added (`true`) or removed (`false`).
+    pub fn push(&mut self, target: Cow<'a, str>, due_ms: u64, added: bool) {
+        let d = if added { 1 } else { -1 };
+        match self.by_target.last_mut() {
+            Some((t, n)) if *t == target => *n += d,
+            _ => self.by_target.push((target, d)),
+        }
+        let minute = due_ms / 60_000;
+        match self.by_minute.last_mut() {
+            Some((m, n)) if *m == minute => *n += d,
+            _ => self.by_minute.push((minute, d)),
+        }
+    }
+
+    /// One entry per target and per minute (runs of one key that recur later are merged).
+    fn sum(&mut self) {
+        fn merge<K: Ord>(v: &mut Vec<(K, i64)>) {
+            if v.len() < 2 {
+                return;
+            }
+            v.sort_unstable_by(|a, b| a.0.cmp(&b.0));
+            v.dedup_by(|later, kept| {
+                let same = later.0 == kept.0;
+                if same {
+                    kept.1 += later.1;
+                }
+                same
+            });
+        }
+        merge(&mut self.by_target);
+        merge(&mut self.by_minute);
+    }
+}
+
 fn target_key(target: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + target.len());
     k.push(b't');
@@ -172,6 +227,14 @@ fn minute_key(minute: u64) -> Vec<u8> {
 mod tests {
     use super::*;
 
+    fn changes<'a>(list: &[(&'a str, u64, bool)]) -> Changes<'a> {
+        let mut c = Changes::default();
+        for &(t, due, added) in list {
+            c.push(Cow::Borrowed(t), due, added);
+        }
+        c
+    }
+
     #[test]
     fn buckets_follow_the_clock_and_removals_undo_adds() {
         let now = 1_000 * 60_000;
@@ -189,8 +252,10 @@ mod tests {
         );
         // An hour later the 30-minute one is overdue too.
         assert_eq!(s.snapshot(now + 3_600_000).by_due, [3, 0, 0, 1, 1]);
-        s.remove("c", now + 3 * 86_400_000);
-        s.remove("a", now - 120_000);
+        s.apply(&mut changes(&[
+            ("c", now + 3 * 86_400_000, false),
+            ("a", now - 120_000, false),
+        ]));
         let snap = s.snapshot(now);
         assert_eq!(snap.by_due, [0, 1, 1, 1, 0]);
         assert_eq!(snap.by_target, vec![("a".into(), 1), ("b".into(), 2)]);
@@ -215,20 +280,15 @@ mod tests {
             ],
         ];
         for batch in batches {
-            for (k, n) in live.persisted_after(batch.iter().copied()) {
+            let mut batch = changes(batch);
+            for (k, n) in live.persisted_after(&mut batch) {
                 if n == 0 {
                     disk.remove(&k);
                 } else {
                     disk.insert(k, n);
                 }
             }
-            for &(t, due, added) in batch {
-                if added {
-                    live.add(t, due);
-                } else {
-                    live.remove(t, due);
-                }
-            }
+            live.apply(&mut batch);
             let loaded =
                 PendingStats::load(disk.iter().map(|(k, n)| (k, n.to_be_bytes()))).unwrap();
             assert_eq!(loaded.snapshot(now), live.snapshot(now));
@@ -239,5 +299,54 @@ mod tests {
         let all: BTreeMap<Vec<u8>, u64> = live.persisted().into_iter().collect();
         assert_eq!(all, disk, "a full rewrite equals the incremental one");
         assert!(PendingStats::load([(b"x".to_vec(), [0u8; 8].to_vec())]).is_err());
+    }
+
+    #[test]
+    fn a_batch_is_summed_per_target_and_minute_whatever_its_order() {
+        let m = 60_000;
+        let now = 1_000 * m;
+        let mut s = PendingStats::default();
+        s.add("a", now);
+        s.add("b", now + m);
+        // "a" comes back after "b", minutes interleave, and a record moved within its minute
+        // (removed and added) nets to nothing.
+        let mut batch = changes(&[
+            ("a", now, true),
+            ("b", now + m, false),
+            ("a", now + m, true),
+            ("a", now, false),
+            ("a", now + 2 * m, true),
+            ("a", now + 2 * m + 1, false),
+            ("a", now + 2 * m + 2, true),
+        ]);
+        let persisted: BTreeMap<Vec<u8>, u64> = s.persisted_after(&mut batch).into_iter().collect();
+        assert_eq!(
+            persisted,
+            BTreeMap::from([
+                (target_key("a"), 3),
+                (target_key("b"), 0),
+                (minute_key(1_000), 1),
+                (minute_key(1_001), 1),
+                (minute_key(1_002), 1),
+            ]),
+            "one entry per key, each the count after the whole batch"
+        );
+        s.apply(&mut batch);
+        let mut want = PendingStats::default();
+        for due in [now, now + m, now + 2 * m] {
+            want.add("a", due);
+        }
+        assert_eq!(s.snapshot(now), want.snapshot(now));
+        assert_eq!(
+            s.by_target.len(),
+            1,
+            "a target counted down to zero is forgotten"
+        );
+        // Removing more than is counted leaves zero, not a wrapped-around count, and no
+        // count for a target that has none.
+        s.apply(&mut changes(&[("c", now, false), ("c", now + 1, false)]));
+        assert_eq!(s.total(), 3);
+        assert!(!s.by_target.contains_key("c"));
+        assert_eq!(s.snapshot(now).by_due, [0, 0, 2, 0, 0]);
     }
 }

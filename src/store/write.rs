@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use rocksdb::{ReadOptions, WriteBatch};
 
 use super::codec::{due_key, encode_record, id_key, id_value, split_id_value};
-use super::stats::PendingStats;
+use super::stats::{Changes, PendingStats};
 use super::{
     io, Applied, IngestOp, Pid, RecordId, Result, Store, StoreError, StoredRecord, CF_COUNTS,
     CF_DUE, CF_IDS, CF_META, CF_OFFSETS, CF_RECORDS, COUNTS_KEPT,
@@ -24,14 +24,16 @@ impl Store {
     /// A read or write failure; nothing is written then.
     pub fn apply(&self, ops: &[IngestOp]) -> Result<Applied> {
         let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
-        // Counts change only once the batch is written: (target, due, added).
-        let mut counted: Vec<(Cow<'_, str>, u64, bool)> = Vec::with_capacity(ops.len());
+        // Counts change only once the batch is written.
+        let mut counted = Changes::default();
         let mut new_targets: HashMap<RecordId, &str> = HashMap::new();
         let mut batch = WriteBatch::default();
         let mut applied = Applied::default();
         let mut overlay: HashMap<Vec<u8>, Option<(RecordId, u64)>> = HashMap::new();
         let mut next: HashMap<Pid, i64> = HashMap::new();
         let mut delta: i64 = 0;
+        // One buffer for every record's encoding (the batch copies it).
+        let mut encoded = Vec::new();
         for op in ops {
             let (pid, offset) = op.position();
             let entry = next.entry(pid).or_insert(offset + 1);
@@ -45,7 +47,7 @@ impl Store {
                         let key = id_key(pid, id);
                         if let Some((old, old_due)) = self.lookup_id(&overlay, &key)? {
                             let target = self.target_of(&new_targets, old, old_due)?;
-                            counted.push((target, old_due, false));
+                            counted.push(target, old_due, false);
                             batch.delete_cf(self.cf(CF_RECORDS), old.to_bytes());
                             batch.delete_cf(self.cf(CF_DUE), due_key(old_due, old));
                             applied.replaced += 1;
@@ -54,7 +56,8 @@ impl Store {
                         batch.put_cf(self.cf(CF_IDS), &key, id_value(rid, due));
                         overlay.insert(key, Some((rid, due)));
                     }
-                    let encoded = encode_record(
+                    encode_record(
+                        &mut encoded,
                         due,
                         &schedule.target,
                         schedule.id.as_deref(),
@@ -62,14 +65,18 @@ impl Store {
                         schedule.value.as_deref(),
                         &schedule.headers,
                     );
-                    batch.put_cf(self.cf(CF_RECORDS), rid.to_bytes(), encoded);
+                    batch.put_cf(self.cf(CF_RECORDS), rid.to_bytes(), &encoded);
                     batch.put_cf(
                         self.cf(CF_DUE),
                         due_key(due, rid),
                         schedule.target.as_bytes(),
                     );
-                    counted.push((Cow::Borrowed(&schedule.target), due, true));
-                    new_targets.insert(rid, &schedule.target);
+                    counted.push(Cow::Borrowed(&schedule.target), due, true);
+                    if schedule.id.is_some() {
+                        // Only a record with an id can be replaced or cancelled by a later
+                        // one of this batch.
+                        new_targets.insert(rid, &schedule.target);
+                    }
                     applied.inserted.push((due, rid));
                     delta += 1;
                 }
@@ -78,7 +85,7 @@ impl Store {
                     match self.lookup_id(&overlay, &key)? {
                         Some((old, old_due)) => {
                             let target = self.target_of(&new_targets, old, old_due)?;
-                            counted.push((target, old_due, false));
+                            counted.push(target, old_due, false);
                             batch.delete_cf(self.cf(CF_RECORDS), old.to_bytes());
                             batch.delete_cf(self.cf(CF_DUE), due_key(old_due, old));
                             batch.delete_cf(self.cf(CF_IDS), &key);
@@ -94,13 +101,7 @@ impl Store {
         for (pid, offset) in next {
             batch.put_cf(self.cf(CF_OFFSETS), pid.to_be_bytes(), offset.to_be_bytes());
         }
-        self.put_counts(
-            &mut batch,
-            &stats,
-            counted
-                .iter()
-                .map(|(t, due, added)| (t.as_ref(), *due, *added)),
-        );
+        self.put_counts(&mut batch, &stats, &mut counted);
         self.db
             .write_opt(batch, &self.write_opts())
             .map_err(io("ingest write"))?;
@@ -111,13 +112,7 @@ impl Store {
         if let Some(&(first, _)) = applied.inserted.iter().min() {
             self.low_water.fetch_min(first, Ordering::Relaxed);
         }
-        for (target, due, added) in counted {
-            if added {
-                stats.add(&target, due);
-            } else {
-                stats.remove(&target, due);
-            }
-        }
+        stats.apply(&mut counted);
         Ok(applied)
     }
 
@@ -244,7 +239,7 @@ impl Store {
                 unmap[i] = Some(key);
             }
         }
-        let mut counted: Vec<(&str, u64)> = Vec::new();
+        let mut counted = Changes::default();
         let mut batch = WriteBatch::default();
         let mut removed = 0usize;
         let mut seen = std::collections::HashSet::with_capacity(fired.len());
@@ -260,7 +255,7 @@ impl Store {
             if let Some(key) = unmap[i].take() {
                 batch.delete_cf(self.cf(CF_IDS), key);
             }
-            counted.push((&rec.target, due));
+            counted.push(Cow::Borrowed(&rec.target), due, false);
             removed += 1;
         }
         // In key order: each tombstone's memtable insert then starts its search next to the
@@ -279,18 +274,12 @@ impl Store {
             self.delete_due_entries(&mut batch, &mut all)?;
         }
         if removed > 0 || flush {
-            self.put_counts(
-                &mut batch,
-                &stats,
-                counted.iter().map(|&(t, due)| (t, due, false)),
-            );
+            self.put_counts(&mut batch, &stats, &mut counted);
             self.db
                 .write_opt(batch, &self.write_opts())
                 .map_err(io("delete write"))?;
             self.pending.fetch_sub(removed as i64, Ordering::Relaxed);
-            for (target, due) in counted {
-                stats.remove(target, due);
-            }
+            stats.apply(&mut counted);
         }
         // Only once written: an entry gathered for a record still there would lose it.
         if flush {
@@ -421,12 +410,7 @@ impl Store {
     /// Adds to `batch` the new value of every persisted count that `changes` (target, due,
     /// added) touch, computed from `stats` (the counts before the batch; they are updated once
     /// the batch is written).
-    fn put_counts<'a>(
-        &self,
-        batch: &mut WriteBatch,
-        stats: &PendingStats,
-        changes: impl IntoIterator<Item = (&'a str, u64, bool)>,
-    ) {
+    fn put_counts(&self, batch: &mut WriteBatch, stats: &PendingStats, changes: &mut Changes<'_>) {
         for (key, n) in stats.persisted_after(changes) {
             if n == 0 {
                 batch.delete_cf(self.cf(CF_COUNTS), key);
@@ -499,17 +483,15 @@ impl Store {
         batch.delete_cf(self.cf(CF_RECORDS), rid.to_bytes());
         batch.delete_cf(self.cf(CF_DUE), due_key(rec.due_ms, rid));
         self.unmap_id(&mut batch, rid, &rec, None)?;
-        self.put_counts(
-            &mut batch,
-            &stats,
-            [(rec.target.as_str(), rec.due_ms, false)],
-        );
+        let mut counted = Changes::default();
+        counted.push(Cow::Borrowed(&rec.target), rec.due_ms, false);
+        self.put_counts(&mut batch, &stats, &mut counted);
         self.db
             .write_opt(batch, &self.write_opts())
             .map_err(io("cancel write"))?;
         self.pending.fetch_sub(1, Ordering::Relaxed);
         self.changes.fetch_add(1, Ordering::Release);
-        stats.remove(&rec.target, rec.due_ms);
+        stats.apply(&mut counted);
         Ok(Some(rec))
     }
 
@@ -531,18 +513,15 @@ impl Store {
         batch.delete_cf(self.cf(CF_DUE), due_key(old, rid));
         batch.put_cf(self.cf(CF_DUE), due_key(due_ms, rid), rec.target.as_bytes());
         self.unmap_id(&mut batch, rid, &rec, Some(due_ms))?;
-        let target = rec.target.as_str();
-        self.put_counts(
-            &mut batch,
-            &stats,
-            [(target, old, false), (target, due_ms, true)],
-        );
+        let mut counted = Changes::default();
+        counted.push(Cow::Borrowed(&rec.target), old, false);
+        counted.push(Cow::Borrowed(&rec.target), due_ms, true);
+        self.put_counts(&mut batch, &stats, &mut counted);
         self.db
             .write_opt(batch, &self.write_opts())
             .map_err(io("reschedule write"))?;
         self.changes.fetch_add(1, Ordering::Release);
-        stats.remove(&rec.target, old);
-        stats.add(&rec.target, due_ms);
+        stats.apply(&mut counted);
         self.low_water.fetch_min(due_ms, Ordering::Relaxed);
         Ok(Some(old))
     }
