@@ -5,8 +5,9 @@
 //! count it changes ([`PendingStats::persisted_after`]), so a restart reads a few thousand
 //! counts ([`PendingStats::load`]) instead of scanning every pending record.
 //!
-//! A write batch's changes are summed first ([`Changes`]): the counts and their persisted form
-//! are then touched once per target and minute in the batch, not once per record.
+//! A write batch's changes are summed first ([`Changes`], then [`Summed`]): the counts and
+//! their persisted form are then touched once per target and minute in the batch, not once per
+//! record.
 
 use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap};
@@ -46,8 +47,7 @@ impl PendingStats {
     }
 
     /// Applies summed changes (a count that would go below zero stops at zero).
-    pub fn apply(&mut self, changes: &mut Changes<'_>) {
-        changes.sum();
+    pub fn apply(&mut self, changes: &Summed<'_>) {
         for (target, d) in &changes.by_target {
             match self.by_target.get_mut(target.as_ref()) {
                 Some(n) => {
@@ -75,8 +75,7 @@ impl PendingStats {
 
     /// The persisted form of every count these `changes` touch, once they are applied:
     /// `(key, count)`, a count of 0 meaning "delete the key".
-    pub fn persisted_after(&self, changes: &mut Changes<'_>) -> Vec<(Vec<u8>, u64)> {
-        changes.sum();
+    pub fn persisted_after(&self, changes: &Summed<'_>) -> Vec<(Vec<u8>, u64)> {
         let targets = changes.by_target.iter().map(|(t, d)| {
             let now = self.by_target.get(t.as_ref());
             (target_key(t), after(now, *d))
@@ -190,7 +189,7 @@ impl<'a> Changes<'a> {
     }
 
     /// One entry per target and per minute (runs of one key that recur later are merged).
-    fn sum(&mut self) {
+    pub fn sum(mut self) -> Summed<'a> {
         fn merge<K: Ord>(v: &mut Vec<(K, i64)>) {
             if v.len() < 2 {
                 return;
@@ -206,7 +205,19 @@ impl<'a> Changes<'a> {
         }
         merge(&mut self.by_target);
         merge(&mut self.by_minute);
+        Summed {
+            by_target: self.by_target,
+            by_minute: self.by_minute,
+        }
     }
+}
+
+/// [`Changes`] with one entry per target and per minute: what the counts and their persisted
+/// form take.
+#[derive(Debug)]
+pub struct Summed<'a> {
+    by_target: Vec<(Cow<'a, str>, i64)>,
+    by_minute: Vec<(u64, i64)>,
 }
 
 fn target_key(target: &str) -> Vec<u8> {
@@ -227,12 +238,12 @@ fn minute_key(minute: u64) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    fn changes<'a>(list: &[(&'a str, u64, bool)]) -> Changes<'a> {
+    fn changes<'a>(list: &[(&'a str, u64, bool)]) -> Summed<'a> {
         let mut c = Changes::default();
         for &(t, due, added) in list {
             c.push(Cow::Borrowed(t), due, added);
         }
-        c
+        c.sum()
     }
 
     #[test]
@@ -252,7 +263,7 @@ mod tests {
         );
         // An hour later the 30-minute one is overdue too.
         assert_eq!(s.snapshot(now + 3_600_000).by_due, [3, 0, 0, 1, 1]);
-        s.apply(&mut changes(&[
+        s.apply(&changes(&[
             ("c", now + 3 * 86_400_000, false),
             ("a", now - 120_000, false),
         ]));
@@ -280,15 +291,15 @@ mod tests {
             ],
         ];
         for batch in batches {
-            let mut batch = changes(batch);
-            for (k, n) in live.persisted_after(&mut batch) {
+            let batch = changes(batch);
+            for (k, n) in live.persisted_after(&batch) {
                 if n == 0 {
                     disk.remove(&k);
                 } else {
                     disk.insert(k, n);
                 }
             }
-            live.apply(&mut batch);
+            live.apply(&batch);
             let loaded =
                 PendingStats::load(disk.iter().map(|(k, n)| (k, n.to_be_bytes()))).unwrap();
             assert_eq!(loaded.snapshot(now), live.snapshot(now));
@@ -310,7 +321,7 @@ mod tests {
         s.add("b", now + m);
         // "a" comes back after "b", minutes interleave, and a record moved within its minute
         // (removed and added) nets to nothing.
-        let mut batch = changes(&[
+        let batch = changes(&[
             ("a", now, true),
             ("b", now + m, false),
             ("a", now + m, true),
@@ -319,7 +330,7 @@ mod tests {
             ("a", now + 2 * m + 1, false),
             ("a", now + 2 * m + 2, true),
         ]);
-        let persisted: BTreeMap<Vec<u8>, u64> = s.persisted_after(&mut batch).into_iter().collect();
+        let persisted: BTreeMap<Vec<u8>, u64> = s.persisted_after(&batch).into_iter().collect();
         assert_eq!(
             persisted,
             BTreeMap::from([
@@ -331,7 +342,7 @@ mod tests {
             ]),
             "one entry per key, each the count after the whole batch"
         );
-        s.apply(&mut batch);
+        s.apply(&batch);
         let mut want = PendingStats::default();
         for due in [now, now + m, now + 2 * m] {
             want.add("a", due);
@@ -344,7 +355,7 @@ mod tests {
         );
         // Removing more than is counted leaves zero, not a wrapped-around count, and no
         // count for a target that has none.
-        s.apply(&mut changes(&[("c", now, false), ("c", now + 1, false)]));
+        s.apply(&changes(&[("c", now, false), ("c", now + 1, false)]));
         assert_eq!(s.total(), 3);
         assert!(!s.by_target.contains_key("c"));
         assert_eq!(s.snapshot(now).by_due, [0, 0, 2, 0, 0]);

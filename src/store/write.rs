@@ -10,7 +10,7 @@ use std::sync::atomic::Ordering;
 use rocksdb::{ReadOptions, WriteBatch};
 
 use super::codec::{due_key, encode_record, id_key, id_value, split_id_value};
-use super::stats::{Changes, PendingStats};
+use super::stats::{Changes, PendingStats, Summed};
 use super::{
     io, Applied, IngestOp, Pid, RecordId, Result, Store, StoreError, StoredRecord, CF_COUNTS,
     CF_DUE, CF_IDS, CF_META, CF_OFFSETS, CF_RECORDS, COUNTS_KEPT,
@@ -101,7 +101,8 @@ impl Store {
         for (pid, offset) in next {
             batch.put_cf(self.cf(CF_OFFSETS), pid.to_be_bytes(), offset.to_be_bytes());
         }
-        self.put_counts(&mut batch, &stats, &mut counted);
+        let counted = counted.sum();
+        self.put_counts(&mut batch, &stats, &counted);
         self.db
             .write_opt(batch, &self.write_opts())
             .map_err(io("ingest write"))?;
@@ -112,7 +113,7 @@ impl Store {
         if let Some(&(first, _)) = applied.inserted.iter().min() {
             self.low_water.fetch_min(first, Ordering::Relaxed);
         }
-        stats.apply(&mut counted);
+        stats.apply(&counted);
         Ok(applied)
     }
 
@@ -274,12 +275,13 @@ impl Store {
             self.delete_due_entries(&mut batch, &mut all)?;
         }
         if removed > 0 || flush {
-            self.put_counts(&mut batch, &stats, &mut counted);
+            let counted = counted.sum();
+            self.put_counts(&mut batch, &stats, &counted);
             self.db
                 .write_opt(batch, &self.write_opts())
                 .map_err(io("delete write"))?;
             self.pending.fetch_sub(removed as i64, Ordering::Relaxed);
-            stats.apply(&mut counted);
+            stats.apply(&counted);
         }
         // Only once written: an entry gathered for a record still there would lose it.
         if flush {
@@ -410,7 +412,7 @@ impl Store {
     /// Adds to `batch` the new value of every persisted count that `changes` (target, due,
     /// added) touch, computed from `stats` (the counts before the batch; they are updated once
     /// the batch is written).
-    fn put_counts(&self, batch: &mut WriteBatch, stats: &PendingStats, changes: &mut Changes<'_>) {
+    fn put_counts(&self, batch: &mut WriteBatch, stats: &PendingStats, changes: &Summed<'_>) {
         for (key, n) in stats.persisted_after(changes) {
             if n == 0 {
                 batch.delete_cf(self.cf(CF_COUNTS), key);
@@ -485,13 +487,14 @@ impl Store {
         self.unmap_id(&mut batch, rid, &rec, None)?;
         let mut counted = Changes::default();
         counted.push(Cow::Borrowed(&rec.target), rec.due_ms, false);
-        self.put_counts(&mut batch, &stats, &mut counted);
+        let counted = counted.sum();
+        self.put_counts(&mut batch, &stats, &counted);
         self.db
             .write_opt(batch, &self.write_opts())
             .map_err(io("cancel write"))?;
         self.pending.fetch_sub(1, Ordering::Relaxed);
         self.changes.fetch_add(1, Ordering::Release);
-        stats.apply(&mut counted);
+        stats.apply(&counted);
         Ok(Some(rec))
     }
 
@@ -516,12 +519,13 @@ impl Store {
         let mut counted = Changes::default();
         counted.push(Cow::Borrowed(&rec.target), old, false);
         counted.push(Cow::Borrowed(&rec.target), due_ms, true);
-        self.put_counts(&mut batch, &stats, &mut counted);
+        let counted = counted.sum();
+        self.put_counts(&mut batch, &stats, &counted);
         self.db
             .write_opt(batch, &self.write_opts())
             .map_err(io("reschedule write"))?;
         self.changes.fetch_add(1, Ordering::Release);
-        stats.apply(&mut counted);
+        stats.apply(&counted);
         self.low_water.fetch_min(due_ms, Ordering::Relaxed);
         Ok(Some(old))
     }
