@@ -242,22 +242,21 @@ fn summary(store: &Store, rid: RecordId, due_ms: u64, target: &str) -> Value {
     })
 }
 
-fn text(bytes: Option<&Vec<u8>>) -> Value {
+fn text(bytes: Option<&[u8]>) -> Value {
     bytes
         .and_then(|b| std::str::from_utf8(b).ok())
         .map_or(Value::Null, |s| Value::String(s.to_owned()))
 }
 
 fn detail(store: &Store, rid: RecordId, rec: &StoredRecord) -> Value {
-    let mut v = summary(store, rid, rec.due_ms, &rec.target);
-    v["delay_id"] = text(rec.id.as_ref());
-    v["key"] = text(rec.key.as_ref());
-    v["value"] = text(rec.value.as_ref());
-    v["value_bytes"] = json!(rec.value.as_ref().map(Vec::len));
+    let mut v = summary(store, rid, rec.due_ms(), rec.target());
+    v["delay_id"] = text(rec.id());
+    v["key"] = text(rec.key());
+    v["value"] = text(rec.value());
+    v["value_bytes"] = json!(rec.value().map(<[u8]>::len));
     v["headers"] = rec
-        .headers
-        .iter()
-        .map(|h| json!({ "key": h.key, "value": text(h.value.as_ref()) }))
+        .headers()
+        .map(|h| json!({ "key": h.key, "value": text(h.value) }))
         .collect();
     v
 }
@@ -309,8 +308,8 @@ fn select(store: &Store, f: &Filter, limit: usize, budget: usize) -> Result<Sele
             let Some(rec) = store.get(&[rid]).map_err(internal)?.pop().flatten() else {
                 continue;
             };
-            if (from..=to).contains(&due) && target_ok(&rec.target) {
-                out.push((due, rid, rec.target));
+            if (from..=to).contains(&due) && target_ok(rec.target()) {
+                out.push((due, rid, rec.target().to_owned()));
             }
         }
         return Ok((out, None));
@@ -360,7 +359,7 @@ async fn cancel(State(a): State<Admin>, headers: HeaderMap, Path(id): Path<Strin
         let rid = parse_id(&id)?;
         match a.store.cancel(rid).map_err(internal)? {
             Some(rec) => Ok(Json(json!({
-                "cancelled": summary(&a.store, rid, rec.due_ms, &rec.target)
+                "cancelled": summary(&a.store, rid, rec.due_ms(), rec.target())
             }))),
             None => Err(ApiError(
                 StatusCode::NOT_FOUND,
@@ -413,7 +412,7 @@ fn move_one(a: &Admin, id: &str, due: u64) -> ApiResult {
                 .map_err(internal)?
                 .pop()
                 .flatten()
-                .map(|r| r.target)
+                .map(|r| r.target().to_owned())
                 .unwrap_or_default();
             Ok(Json(json!({
                 "record": summary(&a.store, rid, due, &target),

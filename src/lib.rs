@@ -13,6 +13,7 @@ pub mod client;
 pub mod clock;
 pub mod config;
 pub mod failpoint;
+pub mod hashing;
 pub mod http;
 pub mod ingest;
 pub mod kafka;

@@ -144,7 +144,7 @@ fn store(args: &CycleArgs, lag: usize) -> Result<[f64; 4], FillError> {
                 .filter_map(|(id, r)| r.map(|r| (id, r)))
                 .collect();
             // Delivery reports come back grouped by the target's partition (the key's hash).
-            fired.sort_by_key(|(id, r)| (target_partition(r.key.as_deref()), *id));
+            fired.sort_by_key(|(id, r)| (target_partition(r.key()), *id));
             Ok((read_at, fired))
         },
         |(read_at, done)| {

@@ -26,8 +26,9 @@ use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tracing::{error, info, warn};
 
 use crate::clock::Clock;
+use crate::hashing::BuildMul;
 use crate::metrics::Metrics;
-use crate::record::{names, Header, Reason, Reject};
+use crate::record::{names, Header, HeaderRef, Reason, Reject};
 use crate::scheduler::{Due, Inserts, Wake};
 use crate::store::{RecordId, Store, StoredRecord};
 use dead_letter::{DeadLetter, DeadLetters, Origin};
@@ -103,7 +104,7 @@ struct Attempts {
     permanent: u32,
 }
 
-type AttemptMap = Arc<Mutex<HashMap<RecordId, Attempts>>>;
+type AttemptMap = Arc<Mutex<HashMap<RecordId, Attempts, BuildMul>>>;
 
 /// What became of one produced record.
 #[derive(Debug)]
@@ -137,7 +138,7 @@ pub struct Publisher {
     pub in_flight: usize,
     /// Records between produce and delete: a second timer for one of them (an operator moved
     /// it) is skipped rather than published twice.
-    pub in_flight_ids: Arc<Mutex<HashSet<RecordId>>>,
+    pub in_flight_ids: Arc<Mutex<HashSet<RecordId, BuildMul>>>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -247,7 +248,7 @@ impl Publisher {
                 // delivered before a crash that lost the deletion of its due-index entry.
                 None => gone.push(due),
                 // Moved later by an operator: the entry at the new time will fire it.
-                Some(record) if record.due_ms > due.at_ms => moved.push(due.id),
+                Some(record) if record.due_ms() > due.at_ms => moved.push(due.id),
                 Some(record) => publish.push((due, record)),
             }
         }
@@ -304,16 +305,13 @@ impl Publisher {
                 (names::ORIGIN_TOPIC, topic.as_bytes()),
                 (names::ORIGIN_PARTITION, decimal(i64::from(partition), p)),
                 (names::ORIGIN_OFFSET, decimal(id.offset(), o)),
-                (names::DUE_MS, decimal(record.due_ms as i64, d)),
+                (names::DUE_MS, decimal(record.due_ms() as i64, d)),
                 (names::FIRED_MS, decimal(fired_ms as i64, f)),
             ];
-            let own = record
-                .headers
-                .iter()
-                .map(|h| (h.key.as_str(), h.value.as_deref()));
+            let own = record.headers().map(|h| (h.key, h.value));
             own.chain(added.into_iter().map(|(k, v)| (k, Some(v))))
                 .fold(
-                    OwnedHeaders::new_with_capacity(record.headers.len() + added.len()),
+                    OwnedHeaders::new_with_capacity(record.header_count() + added.len()),
                     |acc, (key, value)| acc.insert(rdkafka::message::Header { key, value }),
                 )
         };
@@ -331,15 +329,16 @@ impl Publisher {
         let record = &borrowed.record;
         let mut headers = Some(self.provenance(sent.id, record, sent.sent_ms));
         loop {
-            let mut rec = BaseRecord::<[u8], [u8], Arc<Sent>>::with_opaque_to(&record.target, sent);
+            let mut rec =
+                BaseRecord::<[u8], [u8], Arc<Sent>>::with_opaque_to(record.target(), sent);
             if let Some(h) = headers.take() {
                 rec = rec.headers(h);
             }
-            if let Some(k) = &record.key {
-                rec = rec.key(k.as_slice());
+            if let Some(k) = record.key() {
+                rec = rec.key(k);
             }
-            if let Some(v) = &record.value {
-                rec = rec.payload(v.as_slice());
+            if let Some(v) = record.value() {
+                rec = rec.payload(v);
             }
             match self.producer.send(rec) {
                 Ok(()) => return Ok(()),
@@ -397,9 +396,9 @@ impl Publisher {
             let sent = o.sent;
             let err = match o.result {
                 Ok(()) => {
-                    self.metrics
-                        .delivery_lateness
-                        .observe(o.reported_ms.saturating_sub(sent.record.due_ms) as f64 / 1000.0);
+                    self.metrics.delivery_lateness.observe(
+                        o.reported_ms.saturating_sub(sent.record.due_ms()) as f64 / 1000.0,
+                    );
                     self.metrics
                         .produce_round_trip
                         .observe(o.reported_ms.saturating_sub(sent.sent_ms) as f64 / 1000.0);
@@ -437,7 +436,7 @@ impl Publisher {
                 }
                 _ => {
                     if a.total == 1 {
-                        warn!(target = %sent.record.target, error = %err, kind,
+                        warn!(target = %sent.record.target(), error = %err, kind,
                               "delivery failed; retrying with backoff");
                     }
                     retry.push((now + self.policy.backoff_ms(a.total), sent.id));
@@ -470,7 +469,7 @@ impl Publisher {
     fn count_fired(&self, delivered: &[Arc<Sent>], attempts: &AttemptMap) {
         crate::metrics::count_each(
             &self.metrics.fired,
-            delivered.iter().map(|s| s.record.target.as_str()),
+            delivered.iter().map(|s| s.record.target()),
         );
         let mut attempts = attempts.lock().unwrap_or_else(|e| e.into_inner());
         if !attempts.is_empty() {
@@ -491,21 +490,24 @@ impl Publisher {
         let (topic, partition) = self.store.partition_of(id.pid()).unwrap_or_default();
         // A retry dead letter that could not reach its own topic keeps the target it was
         // retried for, and gets this failure's reason instead of its own.
-        let mut headers = record.headers.clone();
-        headers.retain(|h| h.key != names::ERROR && h.key != names::ERROR_DETAIL);
+        let mut headers: Vec<Header> = record
+            .headers()
+            .filter(|h| h.key != names::ERROR && h.key != names::ERROR_DETAIL)
+            .map(HeaderRef::to_header)
+            .collect();
         if !headers.iter().any(|h| h.key == names::TARGET) {
-            headers.push(Header::new(names::TARGET, record.target.as_str()));
+            headers.push(Header::new(names::TARGET, record.target()));
         }
-        headers.push(Header::new(names::DUE_MS, record.due_ms.to_string()));
+        headers.push(Header::new(names::DUE_MS, record.due_ms().to_string()));
         let dl = DeadLetter {
-            key: record.key.clone(),
-            value: record.value.clone(),
+            key: record.key().map(<[u8]>::to_vec),
+            value: record.value().map(<[u8]>::to_vec),
             headers,
             reject: Reject::new(
                 reason,
                 format!(
                     "publishing to '{}' failed {attempts} times; last error: {err}",
-                    record.target
+                    record.target()
                 ),
             ),
             origin: Origin {
@@ -516,7 +518,7 @@ impl Publisher {
         };
         match self.dead.deliver(&dl, Duration::from_secs(30)).await {
             Ok(()) => {
-                warn!(target = %record.target, reason = %reason, attempts,
+                warn!(target = %record.target(), reason = %reason, attempts,
                       "record dead-lettered after failed deliveries");
                 true
             }

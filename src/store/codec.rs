@@ -8,7 +8,7 @@
 //! | offsets  | `pid` (2 B)                           | next offset to ingest (8 B)        |
 //! | meta     | `p` ++ topic ++ `0x00` ++ partition   | `pid` (2 B)                        |
 
-use crate::record::Header;
+use crate::record::{Header, HeaderRef};
 
 /// Dense id of a source partition (topic, partition) in this store; at most 65,536 of them.
 pub type Pid = u16;
@@ -113,22 +113,27 @@ pub fn split_partition_key(key: &[u8]) -> Option<(String, i32)> {
     Some((String::from_utf8(topic.to_vec()).ok()?, partition))
 }
 
-/// A pending record as stored.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// A pending record as stored, kept as its encoded bytes and read in place: reading one back
+/// costs one copy of the bytes rather than an allocation per field, and the publisher hands
+/// the topic, key, value and headers to the producer straight from them.
+#[derive(Clone, PartialEq, Eq)]
 pub struct StoredRecord {
-    /// Due time, epoch ms.
-    pub due_ms: u64,
-    /// Target topic.
-    pub target: String,
-    /// Identity for reschedule and cancel.
-    pub id: Option<Vec<u8>>,
-    /// Key to publish with.
-    pub key: Option<Vec<u8>>,
-    /// Value to publish.
-    pub value: Option<Vec<u8>>,
-    /// Headers to publish.
-    pub headers: Vec<Header>,
+    /// The version 1 encoding (see [`encode_record`]).
+    bytes: Vec<u8>,
+    /// Due time, epoch ms (also in `bytes[1..9]`).
+    due_ms: u64,
+    /// Where each field lies in `bytes`.
+    target: Span,
+    id: Option<Span>,
+    key: Option<Span>,
+    value: Option<Span>,
+    /// Where the headers start (after their count), and how many there are.
+    headers_at: usize,
+    header_count: usize,
 }
+
+/// A field's start and end in a record's bytes.
+type Span = (usize, usize);
 
 const VERSION: u8 = 1;
 
@@ -170,19 +175,78 @@ pub fn encode_record(
 }
 
 impl StoredRecord {
-    /// Encodes the record (version 1 layout).
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::new();
-        encode_record(
-            &mut out,
-            self.due_ms,
-            &self.target,
-            self.id.as_deref(),
-            self.key.as_deref(),
-            self.value.as_deref(),
-            &self.headers,
-        );
-        out
+    /// A record from its parts.
+    pub fn new(
+        due_ms: u64,
+        target: &str,
+        id: Option<&[u8]>,
+        key: Option<&[u8]>,
+        value: Option<&[u8]>,
+        headers: &[Header],
+    ) -> Self {
+        let mut bytes = Vec::new();
+        encode_record(&mut bytes, due_ms, target, id, key, value, headers);
+        Self::from_bytes(bytes).expect("a record just encoded decodes")
+    }
+
+    /// The encoded record (version 1 layout), as stored.
+    pub fn encoded(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// Due time, epoch ms.
+    pub fn due_ms(&self) -> u64 {
+        self.due_ms
+    }
+
+    /// The same record due at `due_ms`.
+    pub fn set_due_ms(&mut self, due_ms: u64) {
+        self.due_ms = due_ms;
+        self.bytes[1..9].copy_from_slice(&due_ms.to_be_bytes());
+    }
+
+    /// Target topic.
+    pub fn target(&self) -> &str {
+        // Checked to be UTF-8 when the record was decoded.
+        std::str::from_utf8(self.slice(self.target)).unwrap_or_default()
+    }
+
+    /// Identity for reschedule and cancel.
+    pub fn id(&self) -> Option<&[u8]> {
+        self.id.map(|s| self.slice(s))
+    }
+
+    /// Key to publish with.
+    pub fn key(&self) -> Option<&[u8]> {
+        self.key.map(|s| self.slice(s))
+    }
+
+    /// Value to publish.
+    pub fn value(&self) -> Option<&[u8]> {
+        self.value.map(|s| self.slice(s))
+    }
+
+    /// How many headers the record carries.
+    pub fn header_count(&self) -> usize {
+        self.header_count
+    }
+
+    /// Headers to publish, in order, read in place.
+    pub fn headers(&self) -> impl Iterator<Item = HeaderRef<'_>> + '_ {
+        let mut r = Reader {
+            bytes: &self.bytes,
+            pos: self.headers_at,
+        };
+        // Every header was checked when the record was decoded, so none of these fails.
+        (0..self.header_count).map_while(move |_| {
+            let key = std::str::from_utf8(r.bytes().ok()??).ok()?;
+            let value = r.bytes().ok()?;
+            Some(HeaderRef { key, value })
+        })
+    }
+
+    fn slice(&self, (start, end): Span) -> &[u8] {
+        &self.bytes[start..end]
     }
 
     /// The due time of an encoded record, read from its header alone; `None` when the bytes
@@ -196,27 +260,39 @@ impl StoredRecord {
         }
     }
 
-    /// Decodes a record.
+    /// Decodes a record from a copy of `bytes`.
     ///
     /// # Errors
     /// A message naming what is wrong when the bytes are not a version 1 record.
     pub fn decode(bytes: &[u8]) -> Result<Self, String> {
-        let mut r = Reader { bytes, pos: 0 };
+        Self::from_bytes(bytes.to_vec())
+    }
+
+    /// Decodes a record, keeping `bytes` as its storage.
+    ///
+    /// # Errors
+    /// A message naming what is wrong when the bytes are not a version 1 record.
+    pub fn from_bytes(bytes: Vec<u8>) -> Result<Self, String> {
+        let mut r = Reader {
+            bytes: &bytes,
+            pos: 0,
+        };
         let version = r.take(1)?[0];
         if version != VERSION {
             return Err(format!("unknown record version {version}"));
         }
         let due_ms = u64::from_be_bytes(r.take(8)?.try_into().map_err(|_| "due")?);
-        let target = r.string()?.ok_or("record without a target")?;
-        let id = r.bytes()?.map(<[u8]>::to_vec);
-        let key = r.bytes()?.map(<[u8]>::to_vec);
-        let value = r.bytes()?.map(<[u8]>::to_vec);
-        let count = u32::from_be_bytes(r.take(4)?.try_into().map_err(|_| "count")?);
-        let mut headers = Vec::with_capacity(count.min(1024) as usize);
+        let target = r.span()?.ok_or("record without a target")?;
+        utf8(&bytes, target)?;
+        let id = r.span()?;
+        let key = r.span()?;
+        let value = r.span()?;
+        let count = u32::from_be_bytes(r.take(4)?.try_into().map_err(|_| "count")?) as usize;
+        let headers_at = r.pos;
         for _ in 0..count {
-            let key = r.string()?.ok_or("header without a name")?;
-            let value = r.bytes()?.map(<[u8]>::to_vec);
-            headers.push(Header { key, value });
+            let name = r.span()?.ok_or("header without a name")?;
+            utf8(&bytes, name)?;
+            r.span()?;
         }
         if r.pos != bytes.len() {
             return Err(format!("{} trailing bytes", bytes.len() - r.pos));
@@ -227,8 +303,29 @@ impl StoredRecord {
             id,
             key,
             value,
-            headers,
+            headers_at,
+            header_count: count,
+            bytes,
         })
+    }
+}
+
+fn utf8(bytes: &[u8], (start, end): Span) -> Result<(), String> {
+    std::str::from_utf8(&bytes[start..end])
+        .map(drop)
+        .map_err(|_| "string is not UTF-8".to_owned())
+}
+
+impl std::fmt::Debug for StoredRecord {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("StoredRecord")
+            .field("due_ms", &self.due_ms)
+            .field("target", &self.target())
+            .field("id", &self.id())
+            .field("key", &self.key())
+            .field("value", &self.value())
+            .field("headers", &self.headers().collect::<Vec<_>>())
+            .finish()
     }
 }
 
@@ -254,13 +351,15 @@ impl<'a> Reader<'a> {
         self.take(len as usize).map(Some)
     }
 
-    fn string(&mut self) -> Result<Option<String>, String> {
-        match self.bytes()? {
-            None => Ok(None),
-            Some(b) => String::from_utf8(b.to_vec())
-                .map(Some)
-                .map_err(|_| "string is not UTF-8".to_owned()),
+    /// Where the next length-prefixed field lies; `None` for an absent one.
+    fn span(&mut self) -> Result<Option<Span>, String> {
+        let len = u32::from_be_bytes(self.take(4)?.try_into().map_err(|_| "len")?);
+        if len == u32::MAX {
+            return Ok(None);
         }
+        let start = self.pos;
+        self.take(len as usize)?;
+        Ok(Some((start, self.pos)))
     }
 }
 
@@ -291,16 +390,9 @@ mod tests {
 
     #[test]
     fn the_due_time_is_read_from_the_first_bytes_of_a_record() {
-        let rec = StoredRecord {
-            due_ms: 1_234_567,
-            target: "t".into(),
-            id: None,
-            key: None,
-            value: Some(vec![1; 50]),
-            headers: Vec::new(),
-        };
-        let bytes = rec.encode();
-        assert_eq!(StoredRecord::due_of(&bytes), Some(1_234_567));
+        let rec = StoredRecord::new(1_234_567, "t", None, None, Some(&[1; 50]), &[]);
+        let bytes = rec.encoded();
+        assert_eq!(StoredRecord::due_of(bytes), Some(1_234_567));
         assert_eq!(StoredRecord::due_of(&bytes[..8]), None);
         assert_eq!(StoredRecord::due_of(&[9, 0, 0, 0, 0, 0, 0, 0, 1]), None);
     }
@@ -327,7 +419,17 @@ mod tests {
         );
     }
 
-    fn record() -> impl Strategy<Value = StoredRecord> {
+    /// A record's parts: due time, target, id, key, value, headers.
+    type Parts = (
+        u64,
+        String,
+        Option<Vec<u8>>,
+        Option<Vec<u8>>,
+        Option<Vec<u8>>,
+        Vec<Header>,
+    );
+
+    fn parts() -> impl Strategy<Value = Parts> {
         let bytes = || prop::option::of(prop::collection::vec(any::<u8>(), 0..40));
         let header = ("[a-z-]{0,10}", bytes()).prop_map(|(key, value)| Header { key, value });
         (
@@ -338,20 +440,59 @@ mod tests {
             bytes(),
             prop::collection::vec(header, 0..5),
         )
-            .prop_map(|(due_ms, target, id, key, value, headers)| StoredRecord {
-                due_ms,
-                target,
-                id,
-                key,
-                value,
-                headers,
-            })
+    }
+
+    fn build(p: &Parts) -> StoredRecord {
+        StoredRecord::new(
+            p.0,
+            &p.1,
+            p.2.as_deref(),
+            p.3.as_deref(),
+            p.4.as_deref(),
+            &p.5,
+        )
+    }
+
+    fn record() -> impl Strategy<Value = StoredRecord> {
+        parts().prop_map(|p| build(&p))
+    }
+
+    #[test]
+    fn a_record_moved_to_another_due_time_keeps_everything_else() {
+        let headers = [
+            Header::new("trace", "t-1"),
+            Header {
+                key: "n".into(),
+                value: None,
+            },
+        ];
+        let mut rec = StoredRecord::new(5, "orders", Some(b"id"), Some(b"k"), Some(b"v"), &headers);
+        rec.set_due_ms(9_000);
+        let back = StoredRecord::decode(rec.encoded()).unwrap();
+        assert_eq!(back.due_ms(), 9_000);
+        assert_eq!(back, rec);
+        assert_eq!(back.target(), "orders");
+        assert_eq!(
+            (back.id(), back.key(), back.value()),
+            (Some(&b"id"[..]), Some(&b"k"[..]), Some(&b"v"[..]))
+        );
+        let read: Vec<Header> = back.headers().map(HeaderRef::to_header).collect();
+        assert_eq!(read, headers);
     }
 
     proptest! {
         #[test]
-        fn records_round_trip(r in record()) {
-            prop_assert_eq!(StoredRecord::decode(&r.encode()), Ok(r));
+        fn records_round_trip(p in parts()) {
+            let r = build(&p);
+            prop_assert_eq!(r.due_ms(), p.0);
+            prop_assert_eq!(r.target(), p.1.as_str());
+            prop_assert_eq!(r.id(), p.2.as_deref());
+            prop_assert_eq!(r.key(), p.3.as_deref());
+            prop_assert_eq!(r.value(), p.4.as_deref());
+            prop_assert_eq!(r.header_count(), p.5.len());
+            let headers: Vec<Header> = r.headers().map(HeaderRef::to_header).collect();
+            prop_assert_eq!(&headers, &p.5);
+            prop_assert_eq!(StoredRecord::decode(r.encoded()), Ok(r));
         }
 
         #[test]
@@ -361,7 +502,7 @@ mod tests {
 
         #[test]
         fn truncated_records_are_errors(r in record(), cut in 1usize..8) {
-            let bytes = r.encode();
+            let bytes = r.encoded();
             let cut = cut.min(bytes.len());
             prop_assert!(StoredRecord::decode(&bytes[..bytes.len() - cut]).is_err());
         }

@@ -30,7 +30,7 @@ impl Store {
             .map(|r| match r.map_err(io("record read"))? {
                 None => Ok(None),
                 Some(bytes) => {
-                    StoredRecord::decode(&bytes)
+                    StoredRecord::from_bytes(bytes.to_vec())
                         .map(Some)
                         .map_err(|detail| StoreError::Corrupt {
                             what: "records",

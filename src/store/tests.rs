@@ -52,8 +52,9 @@ fn a_scheduled_record_survives_reopen_with_its_offset() {
     assert_eq!(pending(&store), vec![(1_000, rid)]);
     let got = store.get(&[rid]).unwrap();
     let rec = got[0].as_ref().expect("stored");
-    assert_eq!(rec.value.as_deref(), Some(&b"v"[..]));
-    assert_eq!(rec.headers, vec![Header::new("h", "1")]);
+    assert_eq!(rec.value(), Some(&b"v"[..]));
+    let headers: Vec<Header> = rec.headers().map(|h| h.to_header()).collect();
+    assert_eq!(headers, vec![Header::new("h", "1")]);
     assert_eq!(store.pending(), 1);
 }
 
@@ -479,7 +480,7 @@ proptest! {
                     // current due time.
                     for (r, rec) in due.iter().zip(&recs) {
                         let rec = rec.as_ref().expect("pending records are read");
-                        prop_assert!(model.contains_key(&(rec.due_ms, *r)), "{r:?} read at {}", rec.due_ms);
+                        prop_assert!(model.contains_key(&(rec.due_ms(), *r)), "{r:?} read at {}", rec.due_ms());
                     }
                     // And the wheel's stale timers (records cancelled, replaced or delivered)
                     // read nothing.

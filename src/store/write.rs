@@ -4,10 +4,12 @@
 //! disagree with the records.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
 use rocksdb::{ReadOptions, WriteBatch};
+
+use crate::hashing::BuildMul;
 
 use super::codec::{due_key, encode_record, id_key, id_value, split_id_value};
 use super::stats::{Changes, PendingStats, Summed};
@@ -26,7 +28,7 @@ impl Store {
         let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
         // Counts change only once the batch is written.
         let mut counted = Changes::default();
-        let mut new_targets: HashMap<RecordId, &str> = HashMap::new();
+        let mut new_targets: HashMap<RecordId, &str, BuildMul> = HashMap::default();
         let mut batch = WriteBatch::default();
         let mut applied = Applied::default();
         let mut overlay: HashMap<Vec<u8>, Option<(RecordId, u64)>> = HashMap::new();
@@ -120,7 +122,7 @@ impl Store {
     /// The target of a pending record: from this batch, or from its due-index entry.
     fn target_of<'a>(
         &self,
-        in_batch: &HashMap<RecordId, &'a str>,
+        in_batch: &HashMap<RecordId, &'a str, BuildMul>,
         rid: RecordId,
         due: u64,
     ) -> Result<Cow<'a, str>> {
@@ -209,7 +211,7 @@ impl Store {
         // under the lock, not two point reads per record; the first only when something could
         // have deleted or moved one of them since they were read.
         let current: Vec<Option<u64>> = if read_at == Some(self.changes.load(Ordering::Acquire)) {
-            fired.iter().map(|(_, rec)| Some(rec.due_ms)).collect()
+            fired.iter().map(|(_, rec)| Some(rec.due_ms())).collect()
         } else {
             self.db
                 .batched_multi_get_cf(self.cf(CF_RECORDS), keys.iter(), false)
@@ -224,7 +226,7 @@ impl Store {
             .iter()
             .enumerate()
             .filter(|&(i, _)| current[i].is_some())
-            .filter_map(|(i, (rid, rec))| rec.id.as_ref().map(|id| (i, id_key(rid.pid(), id))))
+            .filter_map(|(i, (rid, rec))| rec.id().map(|id| (i, id_key(rid.pid(), id))))
             .collect();
         // The id key to delete with each record: only where the mapping still points at it.
         let mut unmap: Vec<Option<Vec<u8>>> = vec![None; fired.len()];
@@ -243,7 +245,8 @@ impl Store {
         let mut counted = Changes::default();
         let mut batch = WriteBatch::default();
         let mut removed = 0usize;
-        let mut seen = std::collections::HashSet::with_capacity(fired.len());
+        let mut seen: HashSet<RecordId, BuildMul> =
+            HashSet::with_capacity_and_hasher(fired.len(), BuildMul::default());
         let mut due_keys = Vec::with_capacity(fired.len());
         let mut record_keys = Vec::with_capacity(fired.len());
         for (i, (rid, rec)) in fired.iter().enumerate() {
@@ -256,7 +259,7 @@ impl Store {
             if let Some(key) = unmap[i].take() {
                 batch.delete_cf(self.cf(CF_IDS), key);
             }
-            counted.push(Cow::Borrowed(&rec.target), due, false);
+            counted.push(Cow::Borrowed(rec.target()), due, false);
             removed += 1;
         }
         // In key order: each tombstone's memtable insert then starts its search next to the
@@ -483,10 +486,10 @@ impl Store {
         };
         let mut batch = WriteBatch::default();
         batch.delete_cf(self.cf(CF_RECORDS), rid.to_bytes());
-        batch.delete_cf(self.cf(CF_DUE), due_key(rec.due_ms, rid));
+        batch.delete_cf(self.cf(CF_DUE), due_key(rec.due_ms(), rid));
         self.unmap_id(&mut batch, rid, &rec, None)?;
         let mut counted = Changes::default();
-        counted.push(Cow::Borrowed(&rec.target), rec.due_ms, false);
+        counted.push(Cow::Borrowed(rec.target()), rec.due_ms(), false);
         let counted = counted.sum();
         self.put_counts(&mut batch, &stats, &counted);
         self.db
@@ -509,16 +512,20 @@ impl Store {
         let Some(mut rec) = self.get(&[rid])?.pop().flatten() else {
             return Ok(None);
         };
-        let old = rec.due_ms;
-        rec.due_ms = due_ms;
+        let old = rec.due_ms();
+        rec.set_due_ms(due_ms);
         let mut batch = WriteBatch::default();
-        batch.put_cf(self.cf(CF_RECORDS), rid.to_bytes(), rec.encode());
+        batch.put_cf(self.cf(CF_RECORDS), rid.to_bytes(), rec.encoded());
         batch.delete_cf(self.cf(CF_DUE), due_key(old, rid));
-        batch.put_cf(self.cf(CF_DUE), due_key(due_ms, rid), rec.target.as_bytes());
+        batch.put_cf(
+            self.cf(CF_DUE),
+            due_key(due_ms, rid),
+            rec.target().as_bytes(),
+        );
         self.unmap_id(&mut batch, rid, &rec, Some(due_ms))?;
         let mut counted = Changes::default();
-        counted.push(Cow::Borrowed(&rec.target), old, false);
-        counted.push(Cow::Borrowed(&rec.target), due_ms, true);
+        counted.push(Cow::Borrowed(rec.target()), old, false);
+        counted.push(Cow::Borrowed(rec.target()), due_ms, true);
         let counted = counted.sum();
         self.put_counts(&mut batch, &stats, &counted);
         self.db
@@ -538,7 +545,7 @@ impl Store {
         rec: &StoredRecord,
         new_due: Option<u64>,
     ) -> Result<()> {
-        let Some(id) = &rec.id else { return Ok(()) };
+        let Some(id) = rec.id() else { return Ok(()) };
         let key = id_key(rid.pid(), id);
         let mapped = self
             .db

@@ -18,30 +18,8 @@
 //! waiting in the wheel, reaching an entry does not look at the set at all.
 
 use std::collections::HashSet;
-use std::hash::{BuildHasherDefault, Hasher};
 
-/// Hashes a handle index by one multiplication (Fibonacci hashing). Indices are dense small
-/// integers handed out by this module, never chosen by an outside party, so no keyed hash is
-/// needed: the multiplication maps distinct low bits to distinct low bits (the bucket) and
-/// spreads every bit into the high ones (the table's tag byte).
-#[derive(Debug, Default)]
-struct IndexHasher(u64);
-
-impl Hasher for IndexHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0.rotate_left(8) ^ u64::from(b)).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
-    }
-
-    fn write_u32(&mut self, i: u32) {
-        self.0 = u64::from(i).wrapping_mul(0x9E37_79B9_7F4A_7C15);
-    }
-}
+use crate::hashing::BuildMul;
 
 /// Capacity the cancelled set keeps once it is empty again (a few KB), so that a burst of
 /// cancellations does not hold its memory for good and a trickle does not reallocate.
@@ -51,7 +29,7 @@ const KEEP_CANCELLED: usize = 1_024;
 #[derive(Debug, Default)]
 pub(crate) struct Handles {
     /// Indices whose entry is cancelled and still in the wheel.
-    cancelled: HashSet<u32, BuildHasherDefault<IndexHasher>>,
+    cancelled: HashSet<u32, BuildMul>,
     /// Indices handed out so far (every index below this one exists).
     issued: u32,
     /// Indices whose entry the wheel has reached; reused last-in first-out.
