@@ -262,21 +262,21 @@ mod tests {
         let Command::Schedule(s) = interpret(&r) else {
             panic!("not a schedule")
         };
-        assert_eq!(s.target, "emails");
-        assert_eq!(s.due_ms, NOW + 90_000);
-        assert_eq!(s.id.as_deref(), Some(&b"r-1"[..]));
+        assert_eq!(s.target(), "emails");
+        assert_eq!(s.due_ms(), NOW + 90_000);
+        assert_eq!(s.id(), Some(&b"r-1"[..]));
         assert_eq!(
-            (s.key.unwrap(), s.value.unwrap()),
-            (b"k".to_vec(), b"v".to_vec())
+            (s.key().unwrap(), s.value().unwrap()),
+            (&b"k"[..], &b"v"[..])
         );
-        assert_eq!(s.headers, vec![Header::new("trace", "abc")]);
+        assert_eq!(s.to_headers(), vec![Header::new("trace", "abc")]);
         let at = DelayedRecord::new("delay.emails", "emails")
             .after(Duration::from_secs(1))
             .at(UNIX_EPOCH + Duration::from_millis(NOW + 5_000));
         let Command::Schedule(s) = interpret(&at) else {
             panic!("not a schedule")
         };
-        assert_eq!(s.due_ms, NOW + 5_000, "at() replaces after()");
+        assert_eq!(s.due_ms(), NOW + 5_000, "at() replaces after()");
         let rec = r.record();
         assert_eq!(rec.topic, "delay.emails");
         assert_eq!(rec.headers.as_ref().map(|h| h.count()), Some(4));
@@ -316,11 +316,11 @@ mod tests {
             panic!("not a retry")
         };
         assert_eq!(attempt, 3);
-        assert_eq!(s.target, "orders");
-        assert_eq!(s.due_ms, NOW + 1_500);
-        assert_eq!(s.key.as_deref(), Some(&b"key-1"[..]));
-        assert_eq!(s.value.as_deref(), Some(&b"payload"[..]));
-        let names: Vec<&str> = s.headers.iter().map(|h| h.key.as_str()).collect();
+        assert_eq!(s.target(), "orders");
+        assert_eq!(s.due_ms(), NOW + 1_500);
+        assert_eq!(s.key(), Some(&b"key-1"[..]));
+        assert_eq!(s.value(), Some(&b"payload"[..]));
+        let names: Vec<&str> = s.headers().map(|h| h.key).collect();
         assert_eq!(
             names,
             [

@@ -17,7 +17,7 @@ use clap::Args;
 use rocksdb::{WriteBatch, DB};
 
 use super::FillError;
-use crate::record::Schedule;
+use crate::record::StoredRecord;
 use crate::store::{IngestOp, Pid, RecordId, Store, StoreOptions};
 
 /// Flags of `kafka-delay bench store-cycle`.
@@ -121,14 +121,14 @@ fn store(args: &CycleArgs, lag: usize) -> Result<[f64; 4], FillError> {
                 .map(|i| IngestOp::Schedule {
                     pid,
                     offset: (first + i - from) as i64,
-                    schedule: Schedule {
-                        id: None,
-                        due_ms: 1_000_000 + i / 64,
-                        target: "bench.out".into(),
-                        key: Some(format!("k{i}").into_bytes()),
-                        value: Some(value.clone()),
-                        headers: Vec::new(),
-                    },
+                    schedule: StoredRecord::new(
+                        1_000_000 + i / 64,
+                        "bench.out",
+                        None,
+                        Some(format!("k{i}").as_bytes()),
+                        Some(&value),
+                        [],
+                    ),
                 })
                 .collect();
             let t = Instant::now();

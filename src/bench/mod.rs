@@ -24,7 +24,7 @@ use clap::{Args, Subcommand};
 
 use crate::clock::{Clock, SystemClock};
 use crate::record::time::parse_duration_ms;
-use crate::record::Schedule;
+use crate::record::StoredRecord;
 use crate::store::{IngestOp, Store, StoreError, StoreOptions};
 
 /// Flags of `kafka-delay bench`.
@@ -214,14 +214,14 @@ pub fn fill(args: &FillArgs) -> Result<Filled, FillError> {
             .map(|i| IngestOp::Schedule {
                 pid,
                 offset: first + i as i64,
-                schedule: Schedule {
-                    id: None,
-                    due_ms: now + 1 + (i as u128 * spread as u128 / args.count as u128) as u64,
-                    target: args.target.clone(),
-                    key: Some(format!("k{i}").into_bytes()),
-                    value: Some(value.clone()),
-                    headers: Vec::new(),
-                },
+                schedule: StoredRecord::new(
+                    now + 1 + (i as u128 * spread as u128 / args.count as u128) as u64,
+                    &args.target,
+                    None,
+                    Some(format!("k{i}").as_bytes()),
+                    Some(&value),
+                    [],
+                ),
             })
             .collect();
         store.apply(&ops)?;

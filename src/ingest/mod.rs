@@ -305,10 +305,10 @@ impl Ingest {
                     schedule,
                 }),
                 Ok(Command::Retry { schedule, attempt }) => {
-                    debug!(%topic, partition, offset, target = %schedule.target, attempt, "retry");
+                    debug!(%topic, partition, offset, target = %schedule.target(), attempt, "retry");
                     self.metrics
                         .retries
-                        .with_label_values(&[&schedule.target])
+                        .with_label_values(&[schedule.target()])
                         .inc();
                     ops.push(IngestOp::Schedule {
                         pid,
@@ -317,13 +317,13 @@ impl Ingest {
                     });
                 }
                 Ok(Command::Exhausted { schedule, target }) => {
-                    debug!(%topic, partition, offset, %target, dead_letter = %schedule.target,
+                    debug!(%topic, partition, offset, %target, dead_letter = %schedule.target(),
                            "retries exhausted");
                     self.metrics
                         .retries_exhausted
                         .with_label_values(&[&target])
                         .inc();
-                    self.dead_letter_topics.ensure(&schedule.target).await;
+                    self.dead_letter_topics.ensure(schedule.target()).await;
                     ops.push(IngestOp::Schedule {
                         pid,
                         offset,

@@ -6,9 +6,11 @@
 //! `max_delay` ahead of `now`. Header names are listed in `schemas/headers.schema.json`.
 
 mod reason;
+mod stored;
 pub mod time;
 
 pub use reason::{Reason, Reject};
+pub use stored::StoredRecord;
 
 use regex::Regex;
 
@@ -113,19 +115,19 @@ pub struct Incoming<'a> {
 /// What a valid record asks for.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Command {
-    /// Publish `Schedule` at its due time (replacing any pending record with the same id).
-    Schedule(Schedule),
+    /// Publish the record at its due time (replacing any pending record with the same id).
+    Schedule(StoredRecord),
     /// A consumer's retry: publish back to the target at the due time, with the attempt count.
     Retry {
         /// The record to publish back (its headers carry `retry-attempt`).
-        schedule: Schedule,
+        schedule: StoredRecord,
         /// This retry's number, 1 on the first.
         attempt: u32,
     },
     /// A retry whose attempts are used up: publish at once to the target's dead-letter topic.
     Exhausted {
         /// The dead letter (its `target` is the dead-letter topic).
-        schedule: Schedule,
+        schedule: StoredRecord,
         /// The target the consumer wanted the record back on.
         target: String,
     },
@@ -134,23 +136,6 @@ pub enum Command {
         /// The identity given by `delay-id` (or the key, in compatibility mode).
         id: Vec<u8>,
     },
-}
-
-/// A record to publish later.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Schedule {
-    /// Identity for reschedule and cancel, scoped to the source partition.
-    pub id: Option<Vec<u8>>,
-    /// Due time, epoch ms.
-    pub due_ms: u64,
-    /// Validated target topic.
-    pub target: String,
-    /// Key to publish with.
-    pub key: Option<Vec<u8>>,
-    /// Value to publish.
-    pub value: Option<Vec<u8>>,
-    /// Headers to publish (the record's own, without reserved ones).
-    pub headers: Vec<Header>,
 }
 
 /// The rules records are checked against; built once from the configuration.
@@ -205,10 +190,10 @@ impl Contract {
         if compat {
             return self.interpret_compat(rec, compat_target, now_ms);
         }
-        let id = delay_id.map(|s| s.as_bytes().to_vec());
+        let id = delay_id.map(str::as_bytes);
         if rec.value.is_none() {
             if let Some(id) = id {
-                return Ok(Command::Cancel { id });
+                return Ok(Command::Cancel { id: id.to_vec() });
             }
         }
         let Some(target) = target else {
@@ -224,14 +209,14 @@ impl Contract {
             return self.interpret_retry(rec, target, id, now_ms);
         }
         let due_ms = self.due_time(rec, now_ms)?;
-        Ok(Command::Schedule(Schedule {
-            id,
+        Ok(Command::Schedule(StoredRecord::new(
             due_ms,
-            target: target.to_owned(),
-            key: rec.key.map(<[u8]>::to_vec),
-            value: rec.value.map(<[u8]>::to_vec),
-            headers: user_headers(rec.headers),
-        }))
+            target,
+            id,
+            rec.key,
+            rec.value,
+            user_headers(rec.headers),
+        )))
     }
 
     /// The etf1 kafka-message-scheduler form: key = id, `scheduler-epoch` in seconds.
@@ -242,7 +227,7 @@ impl Contract {
         now_ms: u64,
     ) -> Result<Command, Reject> {
         let id = match rec.key {
-            Some(k) if !k.is_empty() => k.to_vec(),
+            Some(k) if !k.is_empty() => k,
             _ => {
                 return Err(Reject::new(
                     Reason::MissingId,
@@ -251,7 +236,7 @@ impl Contract {
             }
         };
         if rec.value.is_none() {
-            return Ok(Command::Cancel { id });
+            return Ok(Command::Cancel { id: id.to_vec() });
         }
         let Some(target) = target else {
             return Err(Reject::new(
@@ -262,17 +247,17 @@ impl Contract {
         self.check_target(target)?;
         let due_ms = self.due_time(rec, now_ms)?;
         let key = match control(rec.headers, names::SCHEDULER_TARGET_KEY)? {
-            Some(k) => Some(k.as_bytes().to_vec()),
-            None => rec.key.map(<[u8]>::to_vec),
+            Some(k) => Some(k.as_bytes()),
+            None => rec.key,
         };
-        Ok(Command::Schedule(Schedule {
-            id: Some(id),
+        Ok(Command::Schedule(StoredRecord::new(
             due_ms,
-            target: target.to_owned(),
+            target,
+            Some(id),
             key,
-            value: rec.value.map(<[u8]>::to_vec),
-            headers: user_headers(rec.headers),
-        }))
+            rec.value,
+            user_headers(rec.headers),
+        )))
     }
 
     /// A consumer's retry: count the attempt, then schedule it back or dead-letter it.
@@ -280,7 +265,7 @@ impl Contract {
         &self,
         rec: &Incoming<'_>,
         target: &str,
-        id: Option<Vec<u8>>,
+        id: Option<&[u8]>,
         now_ms: u64,
     ) -> Result<Command, Reject> {
         use retry::names as rn;
@@ -321,8 +306,8 @@ impl Contract {
         });
         let attempt = previous + 1;
         let mut headers: Vec<Header> = user_headers(rec.headers)
-            .into_iter()
-            .filter(|h| !rn::MANAGED.contains(&h.key.as_str()))
+            .filter(|h| !rn::MANAGED.contains(&h.key))
+            .map(HeaderRef::to_header)
             .collect();
         if attempt > max {
             let dead_letter = policy.dead_letter_topic(target);
@@ -344,14 +329,14 @@ impl Contract {
                 Header::new(names::ERROR_DETAIL, detail),
             ]);
             return Ok(Command::Exhausted {
-                schedule: Schedule {
+                schedule: StoredRecord::new(
+                    now_ms,
+                    &dead_letter,
                     id,
-                    due_ms: now_ms,
-                    target: dead_letter,
-                    key: rec.key.map(<[u8]>::to_vec),
-                    value: rec.value.map(<[u8]>::to_vec),
-                    headers,
-                },
+                    rec.key,
+                    rec.value,
+                    headers.iter().map(Header::borrowed),
+                ),
                 target: target.to_owned(),
             });
         }
@@ -387,14 +372,14 @@ impl Contract {
             Header::new(rn::FIRST_FAILED_AT, first_failed.to_string()),
         ]);
         Ok(Command::Retry {
-            schedule: Schedule {
-                id,
+            schedule: StoredRecord::new(
                 due_ms,
-                target: target.to_owned(),
-                key: rec.key.map(<[u8]>::to_vec),
-                value: rec.value.map(<[u8]>::to_vec),
-                headers,
-            },
+                target,
+                id,
+                rec.key,
+                rec.value,
+                headers.iter().map(Header::borrowed),
+            ),
             attempt,
         })
     }
@@ -545,12 +530,9 @@ pub fn is_reserved(name: &str) -> bool {
     names::RESERVED_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
-fn user_headers(headers: &[HeaderRef<'_>]) -> Vec<Header> {
-    headers
-        .iter()
-        .filter(|h| !is_reserved(h.key))
-        .map(|h| h.to_header())
-        .collect()
+/// The headers a record carries on to its target: all but the reserved ones, read in place.
+fn user_headers<'a, 'h>(headers: &'a [HeaderRef<'h>]) -> impl Iterator<Item = HeaderRef<'h>> + 'a {
+    headers.iter().copied().filter(|h| !is_reserved(h.key))
 }
 
 /// The value of a control header: absent, or one UTF-8 value (repeats must agree).

@@ -52,7 +52,7 @@ fn run_keyed(
     )
 }
 
-fn schedule(r: Result<Command, Reject>) -> Schedule {
+fn schedule(r: Result<Command, Reject>) -> StoredRecord {
     match r {
         Ok(Command::Schedule(s)) => s,
         other => panic!("expected a schedule, got {other:?}"),
@@ -79,8 +79,8 @@ fn delay_until_in_epoch_ms_and_rfc3339() {
         ],
         Some(b"v"),
     ));
-    assert_eq!(s.due_ms, NOW + 60_000);
-    assert_eq!(s.target, "orders");
+    assert_eq!(s.due_ms(), NOW + 60_000);
+    assert_eq!(s.target(), "orders");
     let s = schedule(run(
         "delay.in",
         &[
@@ -89,7 +89,7 @@ fn delay_until_in_epoch_ms_and_rfc3339() {
         ],
         Some(b"v"),
     ));
-    assert_eq!(s.due_ms, NOW + 60_000);
+    assert_eq!(s.due_ms(), NOW + 60_000);
 }
 
 #[test]
@@ -105,21 +105,21 @@ fn delay_after_is_relative_to_the_record_timestamp() {
             &[h("delay-target", "t"), h("delay-after", after)],
             Some(b"v"),
         ));
-        assert_eq!(s.due_ms, NOW - 1_000 + ms, "{after}");
+        assert_eq!(s.due_ms(), NOW - 1_000 + ms, "{after}");
     }
 }
 
 #[test]
 fn the_topic_name_gives_a_fixed_delay() {
     let s = schedule(run("delay.30s", &[h("delay-target", "t")], Some(b"v")));
-    assert_eq!(s.due_ms, NOW - 1_000 + 30_000);
+    assert_eq!(s.due_ms(), NOW - 1_000 + 30_000);
     let s = schedule(run(
         "delay.30s",
         &[h("delay-target", "t"), h("delay-after", "1s")],
         Some(b"v"),
     ));
     assert_eq!(
-        s.due_ms,
+        s.due_ms(),
         NOW - 1_000 + 1_000,
         "a header wins over the topic name"
     );
@@ -146,10 +146,10 @@ fn key_value_and_user_headers_are_kept_control_headers_dropped() {
         ],
         Some(b"payload"),
     ));
-    assert_eq!(s.key.as_deref(), Some(&b"k"[..]));
-    assert_eq!(s.value.as_deref(), Some(&b"payload"[..]));
+    assert_eq!(s.key(), Some(&b"k"[..]));
+    assert_eq!(s.value(), Some(&b"payload"[..]));
     assert_eq!(
-        s.headers,
+        s.to_headers(),
         vec![
             h("trace-id", "abc"),
             Header {
@@ -172,7 +172,7 @@ fn delay_id_reschedules_and_a_null_value_cancels() {
         ],
         Some(b"v"),
     ));
-    assert_eq!(s.id.as_deref(), Some(&b"job-1"[..]));
+    assert_eq!(s.id(), Some(&b"job-1"[..]));
     assert_eq!(
         run("delay.in", &[h("delay-id", "job-1")], None),
         Ok(Command::Cancel {
@@ -185,7 +185,7 @@ fn delay_id_reschedules_and_a_null_value_cancels() {
         &[h("delay-target", "compacted"), h("delay-after", "1s")],
         None,
     ));
-    assert_eq!(s.value, None);
+    assert_eq!(s.value(), None);
 }
 
 #[test]
@@ -200,11 +200,11 @@ fn etf1_scheduler_headers_are_understood() {
         Some(b"schedule-7"),
         Some(b"v"),
     ));
-    assert_eq!(s.due_ms, NOW + 120_000);
-    assert_eq!(s.target, "out");
-    assert_eq!(s.id.as_deref(), Some(&b"schedule-7"[..]));
-    assert_eq!(s.key.as_deref(), Some(&b"target-key"[..]));
-    assert!(s.headers.is_empty());
+    assert_eq!(s.due_ms(), NOW + 120_000);
+    assert_eq!(s.target(), "out");
+    assert_eq!(s.id(), Some(&b"schedule-7"[..]));
+    assert_eq!(s.key(), Some(&b"target-key"[..]));
+    assert!(s.header_count() == 0);
     assert_eq!(
         run_keyed("schedules", &[], Some(b"schedule-7"), None),
         Ok(Command::Cancel {
@@ -343,7 +343,7 @@ fn a_due_time_in_the_past_is_accepted() {
         &[h("delay-target", "t"), h("delay-until", "1700000000000")],
         Some(b"v"),
     ));
-    assert_eq!(s.due_ms, 1_700_000_000_000);
+    assert_eq!(s.due_ms(), 1_700_000_000_000);
 }
 
 fn header() -> impl Strategy<Value = Header> {
@@ -386,21 +386,21 @@ proptest! {
         let rec = Incoming { topic: &topic, timestamp_ms: Some(NOW), key: key.as_deref(), value: value.as_deref(), headers: &refs(&headers) };
         match c.interpret(&rec, NOW) {
             Ok(Command::Schedule(s)) => {
-                prop_assert!(s.due_ms <= NOW + c.max_delay_ms);
-                prop_assert!(c.check_target(&s.target).is_ok());
-                prop_assert!(s.headers.iter().all(|h| !is_reserved(&h.key)));
+                prop_assert!(s.due_ms() <= NOW + c.max_delay_ms);
+                prop_assert!(c.check_target(&s.target()).is_ok());
+                prop_assert!(s.headers().all(|h| !is_reserved(&h.key)));
             }
             Ok(Command::Retry { schedule: s, attempt }) => {
-                prop_assert!(s.due_ms <= NOW + c.max_delay_ms);
-                prop_assert!(c.check_target(&s.target).is_ok());
+                prop_assert!(s.due_ms() <= NOW + c.max_delay_ms);
+                prop_assert!(c.check_target(&s.target()).is_ok());
                 prop_assert!((1..=3).contains(&attempt));
-                prop_assert_eq!(s.headers.iter().filter(|h| h.key == "retry-attempt").count(), 1);
-                prop_assert!(s.headers.iter().all(|h| !is_reserved(&h.key) && h.key != "retry-after"));
+                prop_assert_eq!(s.headers().filter(|h| h.key == "retry-attempt").count(), 1);
+                prop_assert!(s.headers().all(|h| !is_reserved(&h.key) && h.key != "retry-after"));
             }
             Ok(Command::Exhausted { schedule: s, target }) => {
-                prop_assert_eq!(s.target, format!("{target}.dlt"));
-                prop_assert_eq!(s.due_ms, NOW);
-                prop_assert!(s.headers.iter().any(|h| h.key == "delay-error"));
+                prop_assert_eq!(s.target(), format!("{target}.dlt"));
+                prop_assert_eq!(s.due_ms(), NOW);
+                prop_assert!(s.headers().any(|h| h.key == "delay-error"));
             }
             Ok(Command::Cancel { .. }) | Err(_) => {}
         }
@@ -413,18 +413,17 @@ fn retry(headers: &[Header]) -> Result<Command, Reject> {
     run("delay.retry", &all, Some(b"v"))
 }
 
-fn retried(r: Result<Command, Reject>) -> (Schedule, u32) {
+fn retried(r: Result<Command, Reject>) -> (StoredRecord, u32) {
     match r {
         Ok(Command::Retry { schedule, attempt }) => (schedule, attempt),
         other => panic!("expected a retry, got {other:?}"),
     }
 }
 
-fn value_of<'a>(s: &'a Schedule, name: &str) -> Vec<&'a str> {
-    s.headers
-        .iter()
+fn value_of<'a>(s: &'a StoredRecord, name: &str) -> Vec<&'a str> {
+    s.headers()
         .filter(|x| x.key == name)
-        .map(|x| std::str::from_utf8(x.value.as_deref().unwrap()).unwrap())
+        .map(|x| std::str::from_utf8(x.value.unwrap()).unwrap())
         .collect()
 }
 
@@ -434,13 +433,13 @@ const SENT: u64 = NOW - 1_000;
 fn a_first_retry_uses_the_backoff_and_starts_counting() {
     let (s, attempt) = retried(retry(&[h("app", "x")]));
     assert_eq!(attempt, 1);
-    assert_eq!(s.target, "orders");
-    assert_eq!(s.due_ms, SENT + 1_000);
+    assert_eq!(s.target(), "orders");
+    assert_eq!(s.due_ms(), SENT + 1_000);
     assert_eq!(value_of(&s, "retry-attempt"), ["1"]);
     assert_eq!(value_of(&s, "retry-first-failed-at"), [SENT.to_string()]);
     assert_eq!(value_of(&s, "app"), ["x"]);
-    assert_eq!(s.value.as_deref(), Some(&b"v"[..]));
-    assert_eq!(s.key.as_deref(), Some(&b"k"[..]));
+    assert_eq!(s.value(), Some(&b"v"[..]));
+    assert_eq!(s.key(), Some(&b"k"[..]));
 }
 
 #[test]
@@ -453,7 +452,7 @@ fn later_retries_count_up_and_back_off_exponentially() {
             h("delay-origin-topic", "delay.retry"),
         ]));
         assert_eq!(attempt, previous + 1);
-        assert_eq!(s.due_ms, SENT + wait);
+        assert_eq!(s.due_ms(), SENT + wait);
         assert_eq!(value_of(&s, "retry-attempt"), [(previous + 1).to_string()]);
         assert_eq!(value_of(&s, "retry-first-failed-at"), [first]);
         assert!(value_of(&s, "delay-origin-topic").is_empty());
@@ -463,11 +462,11 @@ fn later_retries_count_up_and_back_off_exponentially() {
 #[test]
 fn retry_after_overrides_the_backoff() {
     let (s, _) = retried(retry(&[h("retry-after", "30")]));
-    assert_eq!(s.due_ms, SENT + 30_000);
+    assert_eq!(s.due_ms(), SENT + 30_000);
     let (s, _) = retried(retry(&[h("retry-after", "250ms")]));
-    assert_eq!(s.due_ms, SENT + 250);
+    assert_eq!(s.due_ms(), SENT + 250);
     let (s, _) = retried(retry(&[h("retry-after", "Fri, 21 Nov 2025 04:41:00 GMT")]));
-    assert_eq!(s.due_ms, 1_763_700_060_000);
+    assert_eq!(s.due_ms(), 1_763_700_060_000);
     assert!(value_of(&s, "retry-after").is_empty(), "not carried back");
     // On any delay topic, retry-after makes the record a retry.
     let (s, attempt) = retried(run(
@@ -475,7 +474,7 @@ fn retry_after_overrides_the_backoff() {
         &[h("delay-target", "orders"), h("retry-after", "2")],
         Some(b"v"),
     ));
-    assert_eq!((attempt, s.due_ms), (1, SENT + 2_000));
+    assert_eq!((attempt, s.due_ms()), (1, SENT + 2_000));
 }
 
 #[test]
@@ -494,8 +493,8 @@ fn exhausted_retries_go_to_the_targets_dead_letter_topic() {
         panic!("expected exhausted, got {r:?}");
     };
     assert_eq!(target, "orders");
-    assert_eq!(s.target, "orders.dlt");
-    assert_eq!(s.due_ms, NOW, "dead-lettered at once");
+    assert_eq!(s.target(), "orders.dlt");
+    assert_eq!(s.due_ms(), NOW, "dead-lettered at once");
     assert_eq!(value_of(&s, "delay-error"), ["retries-exhausted"]);
     assert_eq!(value_of(&s, "delay-target"), ["orders"]);
     assert_eq!(value_of(&s, "retry-attempt"), ["3"]);

@@ -50,7 +50,6 @@ use std::sync::{Mutex, RwLock};
 
 use rocksdb::{ColumnFamilyDescriptor, Options, WriteOptions, DB};
 
-use crate::record::Schedule;
 pub use codec::{due_key_after, Pid, RecordId, StoredRecord};
 use codec::{partition_key, split_due_key, split_partition_key};
 use stats::{PendingStats, Snapshot};
@@ -137,7 +136,7 @@ pub enum IngestOp {
         /// Source offset.
         offset: i64,
         /// What to publish and when.
-        schedule: Schedule,
+        schedule: StoredRecord,
     },
     /// Remove the pending record with this id.
     Cancel {

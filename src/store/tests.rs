@@ -8,15 +8,19 @@ fn open(dir: &TempDir) -> Store {
     Store::open(dir.path(), StoreOptions { sync: false }).expect("open store")
 }
 
-fn sched(id: Option<&str>, due: u64, value: &str) -> Schedule {
-    Schedule {
-        id: id.map(|s| s.as_bytes().to_vec()),
-        due_ms: due,
-        target: "out".into(),
-        key: Some(b"k".to_vec()),
-        value: Some(value.as_bytes().to_vec()),
-        headers: vec![Header::new("h", "1")],
-    }
+fn sched(id: Option<&str>, due: u64, value: &str) -> StoredRecord {
+    sched_to("out", id, due, value)
+}
+
+fn sched_to(target: &str, id: Option<&str>, due: u64, value: &str) -> StoredRecord {
+    StoredRecord::new(
+        due,
+        target,
+        id.map(str::as_bytes),
+        Some(b"k"),
+        Some(value.as_bytes()),
+        [Header::new("h", "1").borrowed()],
+    )
 }
 
 fn pending(store: &Store) -> Vec<(u64, RecordId)> {
@@ -457,9 +461,8 @@ proptest! {
                     if let Some(id) = id {
                         model.retain(|_, v| v.0 != Some(id));
                     }
-                    let mut s = sched(id.map(|i| format!("id{i}")).as_deref(), due, "v");
-                    s.target = format!("t{}", due % 3);
-                    let target = s.target.clone();
+                    let target = format!("t{}", due % 3);
+                    let s = sched_to(&target, id.map(|i| format!("id{i}")).as_deref(), due, "v");
                     store.apply(&[IngestOp::Schedule { pid, offset, schedule: s }]).unwrap();
                     model.insert((due, RecordId::new(pid, offset).unwrap()), (id, target));
                     offset += 1;
@@ -545,8 +548,7 @@ fn a_data_directory_without_kept_counts_is_counted_once_and_then_read_back() {
         let pid = store.partition_id("delay.in", 0).unwrap();
         let ops: Vec<IngestOp> = (0..10)
             .map(|i| {
-                let mut s = sched(None, 60_000 * (i % 4), "v");
-                s.target = format!("t{}", i % 2);
+                let s = sched_to(&format!("t{}", i % 2), None, 60_000 * (i % 4), "v");
                 IngestOp::Schedule {
                     pid,
                     offset: i as i64,
@@ -587,8 +589,8 @@ fn listing_pages_through_the_due_index_with_filters_and_a_budget() {
     let pid = store.partition_id("delay.in", 0).unwrap();
     let ops: Vec<IngestOp> = (0..10)
         .map(|i| {
-            let mut s = sched(Some(&format!("id{i}")), 1_000 + i as u64 * 10, "v");
-            s.target = if i % 2 == 0 { "even" } else { "odd" }.into();
+            let target = if i % 2 == 0 { "even" } else { "odd" };
+            let s = sched_to(target, Some(&format!("id{i}")), 1_000 + i as u64 * 10, "v");
             IngestOp::Schedule {
                 pid,
                 offset: i,

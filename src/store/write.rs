@@ -11,7 +11,7 @@ use rocksdb::{ReadOptions, WriteBatch};
 
 use crate::hashing::BuildMul;
 
-use super::codec::{due_key, encode_record, id_key, id_value, split_id_value};
+use super::codec::{due_key, id_key, id_value, split_id_value};
 use super::stats::{Changes, PendingStats, Summed};
 use super::{
     io, Applied, IngestOp, Pid, RecordId, Result, Store, StoreError, StoredRecord, CF_COUNTS,
@@ -34,8 +34,6 @@ impl Store {
         let mut overlay: HashMap<Vec<u8>, Option<(RecordId, u64)>> = HashMap::new();
         let mut next: HashMap<Pid, i64> = HashMap::new();
         let mut delta: i64 = 0;
-        // One buffer for every record's encoding (the batch copies it).
-        let mut encoded = Vec::new();
         for op in ops {
             let (pid, offset) = op.position();
             let entry = next.entry(pid).or_insert(offset + 1);
@@ -44,8 +42,8 @@ impl Store {
                 IngestOp::Skip { .. } => {}
                 IngestOp::Schedule { schedule, .. } => {
                     let rid = self.record_id(pid, offset)?;
-                    let due = schedule.due_ms;
-                    if let Some(id) = &schedule.id {
+                    let due = schedule.due_ms();
+                    if let Some(id) = schedule.id() {
                         let key = id_key(pid, id);
                         if let Some((old, old_due)) = self.lookup_id(&overlay, &key)? {
                             let target = self.target_of(&new_targets, old, old_due)?;
@@ -58,26 +56,15 @@ impl Store {
                         batch.put_cf(self.cf(CF_IDS), &key, id_value(rid, due));
                         overlay.insert(key, Some((rid, due)));
                     }
-                    encode_record(
-                        &mut encoded,
-                        due,
-                        &schedule.target,
-                        schedule.id.as_deref(),
-                        schedule.key.as_deref(),
-                        schedule.value.as_deref(),
-                        &schedule.headers,
-                    );
-                    batch.put_cf(self.cf(CF_RECORDS), rid.to_bytes(), &encoded);
-                    batch.put_cf(
-                        self.cf(CF_DUE),
-                        due_key(due, rid),
-                        schedule.target.as_bytes(),
-                    );
-                    counted.push(Cow::Borrowed(&schedule.target), due, true);
-                    if schedule.id.is_some() {
+                    // Encoded once, when it was consumed.
+                    batch.put_cf(self.cf(CF_RECORDS), rid.to_bytes(), schedule.encoded());
+                    let target = schedule.target();
+                    batch.put_cf(self.cf(CF_DUE), due_key(due, rid), target.as_bytes());
+                    counted.push(Cow::Borrowed(target), due, true);
+                    if schedule.id().is_some() {
                         // Only a record with an id can be replaced or cancelled by a later
                         // one of this batch.
-                        new_targets.insert(rid, &schedule.target);
+                        new_targets.insert(rid, target);
                     }
                     applied.inserted.push((due, rid));
                     delta += 1;
