@@ -3,12 +3,14 @@
 
 use super::{Header, HeaderRef};
 
-/// A pending record as stored, kept as its encoded bytes and read in place: reading one back
-/// costs one copy of the bytes rather than an allocation per field, and the publisher hands
-/// the topic, key, value and headers to the producer straight from them.
+/// A record to publish later: its target, due time, id, key, value and the headers it carries
+/// on. The contract builds it from a consumed record in one allocation, the store writes its
+/// bytes as they are and reads them back as one copy, and the publisher hands the topic, key,
+/// value and headers to the producer straight from them: no field is ever copied out on its
+/// own.
 #[derive(Clone, PartialEq, Eq)]
 pub struct StoredRecord {
-    /// The version 1 encoding (see [`encode_record`]).
+    /// The version 1 encoding (see [`StoredRecord::new`]).
     bytes: Vec<u8>,
     /// Due time, epoch ms (also in `bytes[1..9]`).
     due_ms: u64,
