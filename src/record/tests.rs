@@ -387,15 +387,15 @@ proptest! {
         match c.interpret(&rec, NOW) {
             Ok(Command::Schedule(s)) => {
                 prop_assert!(s.due_ms() <= NOW + c.max_delay_ms);
-                prop_assert!(c.check_target(&s.target()).is_ok());
-                prop_assert!(s.headers().all(|h| !is_reserved(&h.key)));
+                prop_assert!(c.check_target(s.target()).is_ok());
+                prop_assert!(s.headers().all(|h| !is_reserved(h.key)));
             }
             Ok(Command::Retry { schedule: s, attempt }) => {
                 prop_assert!(s.due_ms() <= NOW + c.max_delay_ms);
-                prop_assert!(c.check_target(&s.target()).is_ok());
+                prop_assert!(c.check_target(s.target()).is_ok());
                 prop_assert!((1..=3).contains(&attempt));
                 prop_assert_eq!(s.headers().filter(|h| h.key == "retry-attempt").count(), 1);
-                prop_assert!(s.headers().all(|h| !is_reserved(&h.key) && h.key != "retry-after"));
+                prop_assert!(s.headers().all(|h| !is_reserved(h.key) && h.key != "retry-after"));
             }
             Ok(Command::Exhausted { schedule: s, target }) => {
                 prop_assert_eq!(s.target(), format!("{target}.dlt"));
