@@ -104,7 +104,7 @@ impl StoredRecord {
 
     /// Target topic.
     pub fn target(&self) -> &str {
-        // Checked to be UTF-8 when the record was decoded.
+        // UTF-8: built from a `&str`, or checked when the record was decoded.
         std::str::from_utf8(self.slice(self.target)).unwrap_or_default()
     }
 
@@ -134,7 +134,8 @@ impl StoredRecord {
             bytes: &self.bytes,
             pos: self.headers_at,
         };
-        // Every header was checked when the record was decoded, so none of these fails.
+        // Every header was written from a `&str` or checked when the record was decoded, so
+        // none of these fails.
         (0..self.header_count).map_while(move |_| {
             let key = std::str::from_utf8(r.bytes().ok()??).ok()?;
             let value = r.bytes().ok()?;
