@@ -163,14 +163,6 @@ impl StoredRecord {
         }
     }
 
-    /// Decodes a record from a copy of `bytes`.
-    ///
-    /// # Errors
-    /// A message naming what is wrong when the bytes are not a version 1 record.
-    pub fn decode(bytes: &[u8]) -> Result<Self, String> {
-        Self::from_bytes(bytes.to_vec())
-    }
-
     /// Decodes a record, keeping `bytes` as its storage.
     ///
     /// # Errors
@@ -247,11 +239,8 @@ impl<'a> Reader<'a> {
     }
 
     fn bytes(&mut self) -> Result<Option<&'a [u8]>, String> {
-        let len = u32::from_be_bytes(self.take(4)?.try_into().map_err(|_| "len")?);
-        if len == u32::MAX {
-            return Ok(None);
-        }
-        self.take(len as usize).map(Some)
+        let bytes = self.bytes;
+        Ok(self.span()?.map(|(start, end)| &bytes[start..end]))
     }
 
     /// Where the next length-prefixed field lies; `None` for an absent one.
@@ -336,7 +325,7 @@ mod tests {
             headers.iter().map(Header::borrowed),
         );
         rec.set_due_ms(9_000);
-        let back = StoredRecord::decode(rec.encoded()).unwrap();
+        let back = StoredRecord::from_bytes(rec.encoded().to_vec()).unwrap();
         assert_eq!(back.due_ms(), 9_000);
         assert_eq!(back, rec);
         assert_eq!(back.target(), "orders");
@@ -358,19 +347,19 @@ mod tests {
             prop_assert_eq!(r.value(), p.4.as_deref());
             prop_assert_eq!(r.header_count(), p.5.len());
             prop_assert_eq!(&r.to_headers(), &p.5);
-            prop_assert_eq!(StoredRecord::decode(r.encoded()), Ok(r));
+            prop_assert_eq!(StoredRecord::from_bytes(r.encoded().to_vec()), Ok(r));
         }
 
         #[test]
         fn decode_never_panics(bytes in prop::collection::vec(any::<u8>(), 0..64)) {
-            let _ = StoredRecord::decode(&bytes);
+            let _ = StoredRecord::from_bytes(bytes);
         }
 
         #[test]
         fn truncated_records_are_errors(r in record(), cut in 1usize..8) {
             let bytes = r.encoded();
             let cut = cut.min(bytes.len());
-            prop_assert!(StoredRecord::decode(&bytes[..bytes.len() - cut]).is_err());
+            prop_assert!(StoredRecord::from_bytes(bytes[..bytes.len() - cut].to_vec()).is_err());
         }
     }
 }

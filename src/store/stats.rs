@@ -48,7 +48,7 @@ impl PendingStats {
 
     /// Applies summed changes (a count that would go below zero stops at zero).
     pub fn apply(&mut self, changes: &Summed<'_>) {
-        for (target, d) in &changes.by_target {
+        for (target, d) in &changes.0.by_target {
             match self.by_target.get_mut(target.as_ref()) {
                 Some(n) => {
                     *n = after(Some(n), *d);
@@ -63,7 +63,7 @@ impl PendingStats {
                 None => {}
             }
         }
-        for &(minute, d) in &changes.by_minute {
+        for &(minute, d) in &changes.0.by_minute {
             let n = after(self.by_minute.get(&minute), d);
             if n == 0 {
                 self.by_minute.remove(&minute);
@@ -76,11 +76,12 @@ impl PendingStats {
     /// The persisted form of every count these `changes` touch, once they are applied:
     /// `(key, count)`, a count of 0 meaning "delete the key".
     pub fn persisted_after(&self, changes: &Summed<'_>) -> Vec<(Vec<u8>, u64)> {
-        let targets = changes.by_target.iter().map(|(t, d)| {
+        let targets = changes.0.by_target.iter().map(|(t, d)| {
             let now = self.by_target.get(t.as_ref());
             (target_key(t), after(now, *d))
         });
         let minutes = changes
+            .0
             .by_minute
             .iter()
             .map(|&(m, d)| (minute_key(m), after(self.by_minute.get(&m), d)));
@@ -205,20 +206,14 @@ impl<'a> Changes<'a> {
         }
         merge(&mut self.by_target);
         merge(&mut self.by_minute);
-        Summed {
-            by_target: self.by_target,
-            by_minute: self.by_minute,
-        }
+        Summed(self)
     }
 }
 
 /// [`Changes`] with one entry per target and per minute: what the counts and their persisted
 /// form take.
 #[derive(Debug)]
-pub struct Summed<'a> {
-    by_target: Vec<(Cow<'a, str>, i64)>,
-    by_minute: Vec<(u64, i64)>,
-}
+pub struct Summed<'a>(Changes<'a>);
 
 fn target_key(target: &str) -> Vec<u8> {
     let mut k = Vec::with_capacity(1 + target.len());
