@@ -12,6 +12,13 @@ use kafka_delay::kafka::Embedded;
 use prometheus::Registry;
 use tokio::signal::unix::{signal, SignalKind};
 
+/// Every allocation of the process, librdkafka's and RocksDB's included, goes to jemalloc: they
+/// allocate on one thread and free on another (a produced record is freed by librdkafka's
+/// broker thread, a write batch by RocksDB's), which glibc's per-arena locks serve slowly.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 fn main() -> ExitCode {
     let cli = Cli::parse();
     match cli.command {
