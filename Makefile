@@ -14,8 +14,9 @@ DEBIAN_PACKAGES := build-essential pkg-config libclang-dev clang libssl-dev zlib
 # build scripts and the program share (libc, shlex) once for both in a test build but twice in
 # clippy's check, so the two end up with different build-script hashes and each compiles
 # RocksDB's C++ from scratch (about 25 minutes on two cores). With an explicit target, build
-# scripts are always built apart and lint and test share one RocksDB build. Output goes to
-# $(CARGO_TARGET_DIR)/<host triple>/ instead of $(CARGO_TARGET_DIR)/debug/.
+# scripts are always built apart and lint and test share one RocksDB build. The program goes to
+# $(CARGO_TARGET_DIR)/<host triple>/; the build scripts themselves stay in
+# $(CARGO_TARGET_DIR)/debug/build/, so deleting debug/ makes the next build compile RocksDB again.
 HOST_TARGET := $(shell rustc -vV 2>/dev/null | sed -n 's/^host: //p')
 ifneq ($(HOST_TARGET),)
 lint test soak: export CARGO_BUILD_TARGET := $(HOST_TARGET)

@@ -30,6 +30,7 @@ use crate::hashing::BuildMul;
 use crate::metrics::Metrics;
 use crate::record::{names, Header, HeaderRef, Reason, Reject};
 use crate::scheduler::{Due, Inserts, Wake};
+use crate::store::wal::DEFERRED_SYNC;
 use crate::store::{RecordId, Store, StoredRecord};
 use dead_letter::{DeadLetter, DeadLetters, Origin};
 use reports::{Completions, PublishProducer, Reports, Sent};
@@ -368,6 +369,17 @@ impl Publisher {
             let first = tokio::select! {
                 o = rx.recv() => match o { Some(o) => o, None => return },
                 _ = &mut stop => return,
+                // Deliveries paused with a delete still unsynced (only with `--sync`): sync
+                // it now rather than at the next write, whenever that is.
+                _ = tokio::time::sleep(DEFERRED_SYNC), if self.store.sync_owed() => {
+                    let store = self.store.clone();
+                    match tokio::task::spawn_blocking(move || store.sync_deferred()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => warn!(error = %e, "cannot sync the write-ahead log"),
+                        Err(e) => error!(error = %e, "write-ahead log sync task failed"),
+                    }
+                    continue;
+                }
             };
             let mut outcomes = vec![first];
             while outcomes.len() < 1_024 {

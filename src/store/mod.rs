@@ -41,14 +41,16 @@
 pub mod codec;
 mod read;
 pub mod stats;
+pub mod wal;
 mod write;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
+use std::time::Instant;
 
-use rocksdb::{ColumnFamilyDescriptor, Options, WriteOptions, DB};
+use rocksdb::{ColumnFamilyDescriptor, Options, WriteBatch, WriteOptions, DB};
 
 pub use codec::{due_key_after, Pid, RecordId, StoredRecord};
 use codec::{partition_key, split_due_key, split_partition_key};
@@ -122,7 +124,8 @@ fn io(op: &'static str) -> impl FnOnce(rocksdb::Error) -> StoreError {
 /// How the store writes.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct StoreOptions {
-    /// fsync the write-ahead log on every write batch (each batch is a group of records).
+    /// fsync the write-ahead log on every ingest batch (a group of records) and operator
+    /// change; deletes after delivery are synced as [`wal`] says.
     pub sync: bool,
 }
 
@@ -215,8 +218,8 @@ struct Partitions {
 #[derive(Debug)]
 pub struct Store {
     db: DB,
-    /// fsync the WAL on every write batch.
-    sync: bool,
+    /// Which writes fsync the write-ahead log.
+    wal: wal::WalSync,
     /// Serialises read-check-write sequences (see the module doc), and guards the counts.
     mutex: Mutex<PendingStats>,
     partitions: RwLock<Partitions>,
@@ -271,7 +274,7 @@ impl Store {
             })?;
         let store = Self {
             db,
-            sync: options.sync,
+            wal: wal::WalSync::new(options.sync, wal::DEFERRED_SYNC),
             mutex: Mutex::new(PendingStats::default()),
             partitions: RwLock::new(Partitions::default()),
             pending: AtomicI64::new(0),
@@ -297,10 +300,59 @@ impl Store {
         &self.path
     }
 
-    fn write_opts(&self) -> WriteOptions {
-        let mut opts = WriteOptions::default();
-        opts.set_sync(self.sync);
-        opts
+    /// Writes `batch`, durable when it returns if `sync` is on: for writes whose loss would
+    /// lose a record, an offset or an operator's change.
+    fn write_required(&self, batch: WriteBatch, op: &'static str) -> Result<()> {
+        self.write(batch, self.wal.required(), self.wal.on(), op)
+    }
+
+    /// Writes `batch` whose loss in a power failure only repeats deliveries (see [`wal`]).
+    fn write_deferred(&self, batch: WriteBatch, op: &'static str) -> Result<()> {
+        let (opts, synced) = self.wal.deferred(Instant::now());
+        self.write(batch, opts, synced, op)
+    }
+
+    fn write(
+        &self,
+        batch: WriteBatch,
+        opts: WriteOptions,
+        synced: bool,
+        op: &'static str,
+    ) -> Result<()> {
+        if synced {
+            self.wal.syncing();
+        }
+        if let Err(e) = self.db.write_opt(batch, &opts) {
+            if synced {
+                self.wal.failed();
+            }
+            return Err(io(op)(e));
+        }
+        self.wal.written(synced, Instant::now());
+        Ok(())
+    }
+
+    /// Whether a delete after delivery is still waiting for an fsync (only with `sync` on).
+    pub fn sync_owed(&self) -> bool {
+        self.wal.owed()
+    }
+
+    /// Syncs the write-ahead log if a delete after delivery went without it: the publisher
+    /// calls it when its deliveries pause, so that a power failure after a burst does not
+    /// deliver the burst's last records again.
+    ///
+    /// # Errors
+    /// The fsync failed; the debt stays.
+    pub fn sync_deferred(&self) -> Result<()> {
+        if self.wal.owed() {
+            self.wal.syncing();
+            if let Err(e) = self.db.flush_wal(true) {
+                self.wal.failed();
+                return Err(io("write-ahead log sync")(e));
+            }
+            self.wal.written(true, Instant::now());
+        }
+        Ok(())
     }
 
     fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {

@@ -2,6 +2,7 @@ use super::*;
 use crate::record::Header;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
+use std::time::Duration;
 use tempfile::TempDir;
 
 fn open(dir: &TempDir) -> Store {
@@ -242,6 +243,48 @@ fn a_delete_after_delivery_with_nothing_changed_since_the_read_removes_every_rec
     assert_eq!(by_target_total(&store), 0);
     let ids: Vec<RecordId> = read.iter().map(|r| r.0).collect();
     assert_eq!(store.get(&ids).unwrap(), vec![None, None, None]);
+}
+
+#[test]
+fn with_sync_a_delete_after_delivery_defers_its_fsync_until_a_synced_write_or_a_pause() {
+    let dir = TempDir::new().unwrap();
+    let mut store = Store::open(dir.path(), StoreOptions { sync: true }).expect("open store");
+    // An hour between the deletes' own fsyncs, so that the interval never runs out here.
+    store.wal = wal::WalSync::new(true, Duration::from_secs(3600));
+    let (read_at, read) = read_three(&store, None);
+    assert!(!store.sync_owed(), "the ingest write synced");
+    assert_eq!(store.remove_delivered(&refs(&read), read_at).unwrap(), 3);
+    assert!(
+        store.sync_owed(),
+        "a delete inside the interval waits for its fsync"
+    );
+    // The next ingest write syncs the log, and with it the delete written before.
+    let (read_at, second) = read_three(&store, None);
+    assert!(!store.sync_owed());
+    store.remove_delivered(&refs(&second), read_at).unwrap();
+    assert!(store.sync_owed());
+    // A pause in deliveries pays it.
+    store.sync_deferred().unwrap();
+    assert!(!store.sync_owed());
+    // Once the interval has run out, a delete syncs by itself.
+    let (read_at, third) = read_three(&store, None);
+    store.wal = wal::WalSync::new(true, Duration::ZERO);
+    store.remove_delivered(&refs(&third), read_at).unwrap();
+    assert!(!store.sync_owed());
+    drop(store);
+    // Everything deleted is gone after a reopen, whether its own write synced or not.
+    let store = open(&dir);
+    assert_eq!(store.pending(), 0);
+    assert_eq!(by_target_total(&store), 0);
+}
+
+#[test]
+fn without_sync_nothing_is_ever_owed() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let (read_at, read) = read_three(&store, None);
+    store.remove_delivered(&refs(&read), read_at).unwrap();
+    assert!(!store.sync_owed());
 }
 
 #[test]

@@ -7,7 +7,7 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
-use rocksdb::{ReadOptions, WriteBatch};
+use rocksdb::{ReadOptions, WriteBatch, WriteOptions};
 
 use crate::hashing::BuildMul;
 
@@ -92,9 +92,7 @@ impl Store {
         }
         let counted = counted.sum();
         self.put_counts(&mut batch, &stats, &counted);
-        self.db
-            .write_opt(batch, &self.write_opts())
-            .map_err(io("ingest write"))?;
+        self.write_required(batch, "ingest write")?;
         self.pending.fetch_add(delta, Ordering::Relaxed);
         if applied.replaced + applied.cancelled > 0 {
             self.changes.fetch_add(1, Ordering::Release);
@@ -267,9 +265,7 @@ impl Store {
         if removed > 0 || flush {
             let counted = counted.sum();
             self.put_counts(&mut batch, &stats, &counted);
-            self.db
-                .write_opt(batch, &self.write_opts())
-                .map_err(io("delete write"))?;
+            self.write_deferred(batch, "delete write")?;
             self.pending.fetch_sub(removed as i64, Ordering::Relaxed);
             stats.apply(&counted);
         }
@@ -297,8 +293,10 @@ impl Store {
         let mut batch = WriteBatch::default();
         // Sorted and deduplicated in place: the list stays as valid if the write fails.
         self.delete_due_entries(&mut batch, &mut garbage)?;
+        // Never synced: losing it leaves entries whose records are gone, which are skipped and
+        // gathered again after a restart.
         self.db
-            .write_opt(batch, &self.write_opts())
+            .write_opt(batch, &WriteOptions::default())
             .map_err(io("due index delete"))?;
         garbage.clear();
         Ok(())
@@ -435,9 +433,7 @@ impl Store {
                 batch.put_cf(self.cf(CF_COUNTS), key, n.to_be_bytes());
             }
             batch.put_cf(self.cf(CF_META), COUNTS_KEPT, b"1");
-            self.db
-                .write_opt(batch, &self.write_opts())
-                .map_err(io("counts write"))?;
+            self.write_required(batch, "counts write")?;
             return Ok((count, true));
         }
         let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
@@ -479,9 +475,7 @@ impl Store {
         counted.push(Cow::Borrowed(rec.target()), rec.due_ms(), false);
         let counted = counted.sum();
         self.put_counts(&mut batch, &stats, &counted);
-        self.db
-            .write_opt(batch, &self.write_opts())
-            .map_err(io("cancel write"))?;
+        self.write_required(batch, "cancel write")?;
         self.pending.fetch_sub(1, Ordering::Relaxed);
         self.changes.fetch_add(1, Ordering::Release);
         stats.apply(&counted);
@@ -515,9 +509,7 @@ impl Store {
         counted.push(Cow::Borrowed(rec.target()), due_ms, true);
         let counted = counted.sum();
         self.put_counts(&mut batch, &stats, &counted);
-        self.db
-            .write_opt(batch, &self.write_opts())
-            .map_err(io("reschedule write"))?;
+        self.write_required(batch, "reschedule write")?;
         self.changes.fetch_add(1, Ordering::Release);
         stats.apply(&counted);
         self.low_water.fetch_min(due_ms, Ordering::Relaxed);
