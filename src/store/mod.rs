@@ -303,32 +303,27 @@ impl Store {
     /// Writes `batch`, durable when it returns if `sync` is on: for writes whose loss would
     /// lose a record, an offset or an operator's change.
     fn write_required(&self, batch: WriteBatch, op: &'static str) -> Result<()> {
-        self.write(batch, self.wal.required(), self.wal.on(), op)
+        self.write(batch, self.wal.required(), op)
     }
 
     /// Writes `batch` whose loss in a power failure only repeats deliveries (see [`wal`]).
     fn write_deferred(&self, batch: WriteBatch, op: &'static str) -> Result<()> {
-        let (opts, synced) = self.wal.deferred(Instant::now());
-        self.write(batch, opts, synced, op)
+        self.write(batch, self.wal.due(Instant::now()), op)
     }
 
-    fn write(
-        &self,
-        batch: WriteBatch,
-        opts: WriteOptions,
-        synced: bool,
-        op: &'static str,
-    ) -> Result<()> {
-        if synced {
+    fn write(&self, batch: WriteBatch, sync: bool, op: &'static str) -> Result<()> {
+        let mut opts = WriteOptions::default();
+        opts.set_sync(sync);
+        if sync {
             self.wal.syncing();
         }
         if let Err(e) = self.db.write_opt(batch, &opts) {
-            if synced {
+            if sync {
                 self.wal.failed();
             }
             return Err(io(op)(e));
         }
-        self.wal.written(synced, Instant::now());
+        self.wal.written(sync, Instant::now());
         Ok(())
     }
 

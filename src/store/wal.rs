@@ -17,8 +17,6 @@
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use rocksdb::WriteOptions;
-
 /// How long deletes after delivery may go without an fsync while they go on.
 pub const DEFERRED_SYNC: Duration = Duration::from_millis(100);
 
@@ -45,23 +43,13 @@ impl WalSync {
         }
     }
 
-    /// Options for a write that must be durable when it returns (with `sync` on).
-    pub(super) fn required(&self) -> WriteOptions {
-        let mut opts = WriteOptions::default();
-        opts.set_sync(self.on);
-        opts
+    /// Whether a write that must be durable when it returns syncs the log: whenever `sync` is on.
+    pub(super) fn required(&self) -> bool {
+        self.on
     }
 
-    /// Options for a write whose loss only repeats work (a delete after delivery): synced when
-    /// the log has gone unsynced for `interval`. The answer says whether it syncs.
-    pub(super) fn deferred(&self, now: Instant) -> (WriteOptions, bool) {
-        let sync = self.due(now);
-        let mut opts = WriteOptions::default();
-        opts.set_sync(sync);
-        (opts, sync)
-    }
-
-    /// Whether a deferred write at `now` should sync the log.
+    /// Whether a write whose loss only repeats work (a delete after delivery) syncs the log
+    /// at `now`: when the log has gone unsynced for `interval`.
     pub(super) fn due(&self, now: Instant) -> bool {
         if !self.on {
             return false;
@@ -103,11 +91,6 @@ impl WalSync {
     /// Whether a deferred write is still waiting for an fsync.
     pub(super) fn owed(&self) -> bool {
         self.owed.load(Ordering::Acquire)
-    }
-
-    /// Whether writes sync at all.
-    pub(super) fn on(&self) -> bool {
-        self.on
     }
 
     fn since_base(&self, now: Instant) -> u64 {
