@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use prometheus::Registry;
+use rdkafka::producer::Producer as _;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -160,9 +161,31 @@ pub async fn start(
         .spawn(move || timer.block_on(scheduler.run(insert_rx, due_tx, stop_scheduler)))
         .map_err(StartError::Scheduler)?;
     let (reports, completions) = Reports::new(clock.clone());
+    let publish_producer = kafka::publish_producer(&config, reports.clone())?;
+    // Its own producer: dead letters of bad input are acknowledged without waiting behind the
+    // deliveries in flight on the fire side.
+    let ingest_producer = kafka::producer(&config)?;
+    // Each producer gets its id now, so that the first deliveries and dead letters are not held
+    // back until librdkafka's retry timer.
+    {
+        let (a, b, c) = (
+            producer.clone(),
+            publish_producer.clone(),
+            ingest_producer.clone(),
+        );
+        let topic = config.dead_letter_topic.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            std::thread::scope(|s| {
+                s.spawn(|| kafka::request_producer_id(a.client(), &topic));
+                s.spawn(|| kafka::request_producer_id(b.client(), &topic));
+                kafka::request_producer_id(c.client(), &topic);
+            });
+        })
+        .await;
+    }
     let publisher = Publisher {
         store: store.clone(),
-        producer: kafka::publish_producer(&config, reports.clone())?,
+        producer: publish_producer,
         reports,
         dead: dead.clone(),
         metrics: metrics.clone(),
@@ -209,10 +232,8 @@ pub async fn start(
         clock,
         metrics: metrics.clone(),
         scheduler: insert_tx,
-        // Its own producer: dead letters of bad input are acknowledged without waiting behind
-        // the deliveries in flight on the fire side.
         dead: DeadLetters::new(
-            kafka::producer(&config)?,
+            ingest_producer,
             config.dead_letter_topic.clone(),
             metrics.clone(),
         ),

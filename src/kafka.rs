@@ -125,6 +125,24 @@ fn set_default(c: &mut ClientConfig, config: &Config, key: &str, value: &str) {
     }
 }
 
+/// Has an idempotent producer ask for its producer id now rather than up to a second later.
+/// Blocking: two metadata requests.
+///
+/// librdkafka asks for the id when the producer is created, before its connection to a broker
+/// is up, and after that only on a 500 ms timer or when a metadata response comes in; until it
+/// has the id it sends nothing. A broker started with a backlog of due records therefore
+/// delivered nothing for its first 0.5-1 s (BENCHMARKS.md, section 3, session 15). The
+/// response to the second request comes in over the connection the first one opened, and the
+/// producer asks for its id at once. Errors are left to the producer's first real request.
+pub fn request_producer_id<C: rdkafka::ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    topic: &str,
+) {
+    for _ in 0..2 {
+        let _ = client.fetch_metadata(Some(topic), Duration::from_secs(5));
+    }
+}
+
 /// Makes sure the dead-letter topic exists, creating it when missing.
 ///
 /// # Errors
@@ -397,5 +415,53 @@ mod tests {
             })
             .collect();
         assert_eq!(back, hs);
+    }
+
+    /// Records the idempotent producer's state from each statistics event.
+    struct IdempotenceStates(std::sync::Mutex<Vec<String>>);
+
+    impl rdkafka::ClientContext for IdempotenceStates {
+        fn stats(&self, statistics: rdkafka::Statistics) {
+            if let Some(eos) = statistics.eos {
+                self.0.lock().unwrap().push(eos.idemp_state);
+            }
+        }
+    }
+
+    impl rdkafka::producer::ProducerContext for IdempotenceStates {
+        type DeliveryOpaque = ();
+        fn delivery(&self, _: &rdkafka::message::DeliveryResult<'_>, _: ()) {}
+    }
+
+    #[test]
+    fn a_new_idempotent_producer_asks_for_its_id_without_waiting_for_librdkafkas_retry_timer() {
+        let kafka = Embedded::start(1).unwrap();
+        kafka.create_topic("dead-letters", 1).unwrap();
+        // Statistics every 50 ms; librdkafka's own retry comes 500 ms after the producer is
+        // created.
+        let producer: rdkafka::producer::ThreadedProducer<IdempotenceStates> = ClientConfig::new()
+            .set("bootstrap.servers", kafka.bootstrap_servers())
+            .set("enable.idempotence", "true")
+            .set("statistics.interval.ms", "50")
+            .create_with_context(IdempotenceStates(std::sync::Mutex::default()))
+            .unwrap();
+        let created = std::time::Instant::now();
+        request_producer_id(producer.client(), "dead-letters");
+        let seen = producer.context().0.lock().unwrap().len();
+        // The first statistics taken after the requests: the producer has asked for its id
+        // (WaitPID) or has it (Assigned), instead of still waiting for a connection.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let state = loop {
+            if let Some(state) = producer.context().0.lock().unwrap().get(seen) {
+                break state.clone();
+            }
+            assert!(std::time::Instant::now() < deadline, "no statistics");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        assert!(
+            matches!(state.as_str(), "WaitPID" | "Assigned"),
+            "idempotence state {state} {:?} after the producer was created",
+            created.elapsed()
+        );
     }
 }
