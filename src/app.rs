@@ -240,6 +240,7 @@ pub async fn start(
         next_offsets,
         store_healthy: health.store_healthy.clone(),
         dead_letter_topics: ingest::TopicCreator::new(Arc::new(config.clone()), producer.clone()),
+        max_group: ingest::max_group(config.sync),
         stopping: None,
     };
     let ingest = tokio::spawn(ingest.run(stop_ingest_rx));

@@ -1,8 +1,8 @@
 //! The ingest task: Kafka record -> contract -> dead letter or store -> offset -> wheel.
 //!
-//! Records are taken in groups (whatever the consumer has ready, up to 2,048) so that one RocksDB
-//! write batch, and one fsync when `sync` is on, covers many records (group commit). For each
-//! group, in this order:
+//! Records are taken in groups (whatever the consumer has ready, up to [`max_group`]) so that
+//! one RocksDB write batch, and one fsync when `sync` is on, covers many records (group commit).
+//! For each group, in this order:
 //! 1. every record is interpreted; a rejected record is written to the dead-letter topic and
 //!    acknowledged before anything else happens to its offset;
 //! 2. one write batch stores the records, cancels, replacements and the next offset of every
@@ -38,11 +38,18 @@ use crate::record::{Command, Contract, HeaderRef, Incoming};
 use crate::scheduler::{Inserts, Wake};
 use crate::store::{IngestOp, Pid, Store};
 
-/// Most records in one group. A group only fills when the consumer has a backlog; with `sync`
-/// each group costs one fsync, and groups of up to 2,048 instead of 512 took 210 fsyncs instead
-/// of 503 for 200,000 records and raised the rate with `sync` in 6 of 6 pairs (BENCHMARKS.md,
-/// section 3, session 15).
-const MAX_GROUP: usize = 2_048;
+/// Most records in one group. A group only fills when the consumer has a backlog. With `sync`
+/// each group costs one fsync: groups of up to 2,048 instead of 512 took 210 fsyncs instead of
+/// 503 for 200,000 records and raised the rate with `sync` in 6 of 6 pairs. Without it, groups
+/// that large kept a runtime worker from the publisher for longer: delivery p99 at 43.5K
+/// records/s was higher in 3 of 3 pairs (BENCHMARKS.md, section 3, session 15).
+pub fn max_group(sync: bool) -> usize {
+    if sync {
+        2_048
+    } else {
+        512
+    }
+}
 
 /// The ingest consumer's librdkafka configuration (also what `kafka-delay bench` gives its
 /// passthrough consumer, so that both read Kafka the same way).
@@ -149,6 +156,8 @@ pub struct Ingest {
     pub store_healthy: Arc<AtomicBool>,
     /// Creates the targets' retry dead-letter topics on first use.
     pub dead_letter_topics: TopicCreator,
+    /// Most records in one group ([`max_group`]).
+    pub max_group: usize,
     /// Set by [`Ingest::run`]: a RocksDB write that keeps failing gives up when it turns true.
     pub stopping: Option<watch::Receiver<bool>>,
 }
@@ -225,7 +234,7 @@ impl Ingest {
                 }
             };
             let mut group = vec![first];
-            while group.len() < MAX_GROUP {
+            while group.len() < self.max_group {
                 match ready_now(consumer.recv()) {
                     Some(Ok(m)) => group.push(m),
                     _ => break,
