@@ -22,6 +22,7 @@ use crate::publish::dead_letter::DeadLetters;
 use crate::publish::reports::Reports;
 use crate::publish::{Publisher, RetryPolicy};
 use crate::scheduler::{Scheduler, Wake};
+use crate::slice;
 use crate::store::{Store, StoreError, StoreOptions};
 
 /// Why the broker could not start.
@@ -158,7 +159,16 @@ pub async fn start(
     let stop_scheduler = stop_rest_rx.clone();
     let scheduler = std::thread::Builder::new()
         .name("scheduler".into())
-        .spawn(move || timer.block_on(scheduler.run(insert_rx, due_tx, stop_scheduler)))
+        .spawn(move || {
+            // A short slice gets the thread onto a core soon after its timer fires when the
+            // machine is busy (crate::slice).
+            match slice::request(slice::SCHEDULER) {
+                Ok(Some(s)) => info!(slice_us = s.as_micros(), "scheduler thread's time slice"),
+                Ok(None) => info!("the kernel keeps its own time slice for the scheduler thread"),
+                Err(e) => warn!(error = %e, "cannot set the scheduler thread's time slice"),
+            }
+            timer.block_on(scheduler.run(insert_rx, due_tx, stop_scheduler))
+        })
         .map_err(StartError::Scheduler)?;
     let (reports, completions) = Reports::new(clock.clone());
     let publish_producer = kafka::publish_producer(&config, reports.clone())?;

@@ -4,7 +4,8 @@
 //! record with [`record`], [`store`] keeps it durably in RocksDB, the [`scheduler`] owns the
 //! in-memory [`wheel`] and hands due records to [`publish`], which produces them to their target
 //! topic and deletes them once delivered. [`app`] wires them together.
-#![forbid(unsafe_code)]
+// Safe code only, but for `slice`'s two system calls (no safe binding offers them).
+#![deny(unsafe_code)]
 
 pub mod admin;
 pub mod app;
@@ -23,6 +24,7 @@ pub mod record;
 pub mod replay;
 pub mod retry;
 pub mod scheduler;
+pub mod slice;
 pub mod store;
 pub mod verify;
 pub mod wheel;

@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use kafka_delay::kafka::java_partition;
+use kafka_delay::slice;
 use rdkafka::Message;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -18,6 +19,20 @@ async fn records_arrive_no_earlier_than_due_and_shortly_after() {
         broker,
     } = Env::start(1, &[]).await;
     let reader = reader(&kafka, &t.target, 1);
+
+    // The scheduler's thread runs with the short time slice that gets it onto a core soon after
+    // its timer fires (what the kernel grants a thread asking for it here, whatever the kernel).
+    let granted = std::thread::spawn(|| slice::request(slice::SCHEDULER).unwrap())
+        .join()
+        .unwrap();
+    let schedulers = slice::threads_named("scheduler").unwrap();
+    assert!(!schedulers.is_empty(), "no thread named scheduler");
+    for tid in schedulers {
+        // Other tests' brokers run in this process too; one may have stopped since the listing.
+        if let Ok(got) = slice::of(tid) {
+            assert_eq!(got, granted, "the scheduler thread {tid}'s slice");
+        }
+    }
 
     let producer = kafka.producer();
     let base = now_ms();
