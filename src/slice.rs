@@ -8,7 +8,7 @@
 //! privilege. A short slice does not give the thread a larger share of the CPU (its weight, the
 //! nice value, stays), only an earlier turn: the scheduler thread runs for about 30 us per wake
 //! and sleeps to the next due millisecond, which is the work that shape suits. On this 2-core
-//! machine at 70% of the sustained rate its wait on the run queue went from 169-210 to 53-63 us
+//! machine at 70% of the sustained rate its wait on the run queue went from 169-210 to 45-63 us
 //! per wake (BENCHMARKS.md, section 4).
 //!
 //! Older kernels ignore `sched_runtime` for normal threads; [`request`] then reports `None`.
