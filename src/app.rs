@@ -157,15 +157,20 @@ pub async fn start(
         .build()
         .map_err(StartError::Scheduler)?;
     let stop_scheduler = stop_rest_rx.clone();
+    let short_slice = config.short_scheduler_slice;
     let scheduler = std::thread::Builder::new()
         .name("scheduler".into())
         .spawn(move || {
             // A short slice gets the thread onto a core soon after its timer fires when the
-            // machine is busy (crate::slice).
-            match slice::request(slice::SCHEDULER) {
-                Ok(Some(s)) => info!(slice_us = s.as_micros(), "scheduler thread's time slice"),
-                Ok(None) => info!("the kernel keeps its own time slice for the scheduler thread"),
-                Err(e) => warn!(error = %e, "cannot set the scheduler thread's time slice"),
+            // machine is busy, at some throughput (crate::slice).
+            if short_slice {
+                match slice::request(slice::SCHEDULER) {
+                    Ok(Some(s)) => info!(slice_us = s.as_micros(), "scheduler thread's time slice"),
+                    Ok(None) => {
+                        info!("the kernel keeps its own time slice for the scheduler thread")
+                    }
+                    Err(e) => warn!(error = %e, "cannot set the scheduler thread's time slice"),
+                }
             }
             timer.block_on(scheduler.run(insert_rx, due_tx, stop_scheduler))
         })

@@ -9,7 +9,9 @@
 //! nice value, stays), only an earlier turn: the scheduler thread runs for about 30 us per wake
 //! and sleeps to the next due millisecond, which is the work that shape suits. On this 2-core
 //! machine at 70% of the sustained rate its wait on the run queue went from 169-210 to 45-63 us
-//! per wake (BENCHMARKS.md, section 4).
+//! per wake, and the wheel's p99 was at most 2 ms in 8 of 11 runs instead of 3 of 11; but at full
+//! throughput kafka-delay used more CPU per record (1.05-1.23x in 6 of 6 pairs), so it is
+//! opt-in: `--short-scheduler-slice` (BENCHMARKS.md, section 4).
 //!
 //! Older kernels ignore `sched_runtime` for normal threads; [`request`] then reports `None`.
 //! This is the crate's only `unsafe` code: two system calls on a `#[repr(C)]` struct that the

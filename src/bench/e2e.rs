@@ -84,6 +84,10 @@ pub struct E2eArgs {
     /// throughput runs and the sweep are skipped.
     #[arg(long)]
     pub rate: Option<f64>,
+    /// A `kafka-delay run` flag for every broker the benchmark starts (repeatable), e.g.
+    /// `--broker-flag=--short-scheduler-slice`.
+    #[arg(long = "broker-flag", allow_hyphen_values = true)]
+    pub broker_flags: Vec<String>,
     /// With `--rate`: instead of the broker, a plain producer with the broker's producer
     /// settings carries that rate for `--lateness-for` (records like the ones the broker
     /// publishes: 100 bytes, seven headers, 32 partitions), and each record's send to
@@ -244,6 +248,7 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         brokers,
         embedded,
         partitions: AtomicI32::new(args.partitions),
+        broker_flags: args.broker_flags.clone(),
     };
     let sweep_for = crate::record::time::parse_duration_ms(&args.sweep_for)
         .map_err(|e| format!("--sweep-for {}: {e}", args.sweep_for))?;
@@ -488,6 +493,8 @@ struct Kafka {
     embedded: Option<Embedded>,
     /// Partitions of the topics created next (set per throughput size).
     partitions: AtomicI32,
+    /// Extra `run` flags for the brokers (not the passthrough).
+    broker_flags: Vec<String>,
 }
 
 /// Parses broker flags as `kafka-delay run` would.
@@ -748,6 +755,7 @@ impl Kafka {
         if sync {
             flags.push("--sync");
         }
+        flags.extend(self.broker_flags.iter().map(String::as_str));
         let config = config(&self.brokers, dir.path(), &flags)?;
         let producer = kafka::producer(&config)?;
         self.create(&src, &producer, &config).await;
@@ -806,11 +814,9 @@ impl Kafka {
         let (src, dst) = (src.as_str(), dst.as_str());
         let pattern = format!("^delay\\.bench\\.lat{tag}$");
         let group = format!("kd-lat{tag}");
-        let config = config(
-            &self.brokers,
-            dir.path(),
-            &["--source-pattern", &pattern, "--group-id", &group],
-        )?;
+        let mut flags = vec!["--source-pattern", &pattern, "--group-id", &group];
+        flags.extend(self.broker_flags.iter().map(String::as_str));
+        let config = config(&self.brokers, dir.path(), &flags)?;
         let linger_ms = 5;
         let producer = kafka::producer(&config)?;
         self.create(src, &producer, &config).await;
