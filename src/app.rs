@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use prometheus::Registry;
-use rdkafka::producer::Producer as _;
+use rdkafka::producer::{FutureProducer, Producer as _};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
@@ -19,7 +19,7 @@ use crate::ingest::{self, Ingest};
 use crate::kafka::{self, KafkaSetupError};
 use crate::metrics::Metrics;
 use crate::publish::dead_letter::DeadLetters;
-use crate::publish::reports::Reports;
+use crate::publish::reports::{PublishProducer, Reports};
 use crate::publish::{Publisher, RetryPolicy};
 use crate::scheduler::{Scheduler, Wake};
 use crate::slice;
@@ -48,6 +48,26 @@ pub enum StartError {
     /// Metrics registration.
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+}
+
+/// Has each idempotent producer get its id now (blocking requests, the three at once), so that
+/// the first deliveries and dead letters are not held back until librdkafka's retry timer
+/// ([`kafka::request_producer_id`]).
+async fn request_producer_ids(
+    topic: &str,
+    general: FutureProducer,
+    publish: PublishProducer,
+    ingest: FutureProducer,
+) {
+    let topic = topic.to_owned();
+    let _ = tokio::task::spawn_blocking(move || {
+        std::thread::scope(|s| {
+            s.spawn(|| kafka::request_producer_id(general.client(), &topic));
+            s.spawn(|| kafka::request_producer_id(publish.client(), &topic));
+            kafka::request_producer_id(ingest.client(), &topic);
+        });
+    })
+    .await;
 }
 
 /// A started broker.
@@ -180,24 +200,13 @@ pub async fn start(
     // Its own producer: dead letters of bad input are acknowledged without waiting behind the
     // deliveries in flight on the fire side.
     let ingest_producer = kafka::producer(&config)?;
-    // Each producer gets its id now, so that the first deliveries and dead letters are not held
-    // back until librdkafka's retry timer.
-    {
-        let (a, b, c) = (
-            producer.clone(),
-            publish_producer.clone(),
-            ingest_producer.clone(),
-        );
-        let topic = config.dead_letter_topic.clone();
-        let _ = tokio::task::spawn_blocking(move || {
-            std::thread::scope(|s| {
-                s.spawn(|| kafka::request_producer_id(a.client(), &topic));
-                s.spawn(|| kafka::request_producer_id(b.client(), &topic));
-                kafka::request_producer_id(c.client(), &topic);
-            });
-        })
-        .await;
-    }
+    request_producer_ids(
+        &config.dead_letter_topic,
+        producer.clone(),
+        publish_producer.clone(),
+        ingest_producer.clone(),
+    )
+    .await;
     let publisher = Publisher {
         store: store.clone(),
         producer: publish_producer,
