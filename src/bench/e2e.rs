@@ -131,6 +131,9 @@ pub struct Throughput {
     /// Page faults of the whole process per record moved (minor ones: memory the kernel maps
     /// in, zeroed, on first touch), passthrough and broker with sync off.
     pub page_faults_per_record: [f64; 2],
+    /// The machine's CPU time taken by the hypervisor for other guests (steal), percent of all
+    /// CPU time during the run, passthrough and broker with sync off ([`MachineTicks`]).
+    pub steal_percent: [f64; 2],
 }
 
 /// The lateness run.
@@ -169,6 +172,9 @@ pub struct Lateness {
     pub delay_ms: u64,
     /// The producer's `linger.ms`.
     pub linger_ms: u64,
+    /// The machine's CPU time stolen by the hypervisor while records were produced and
+    /// received, percent ([`MachineTicks`]).
+    pub steal_percent: f64,
 }
 
 /// A plain producer with the broker's settings carrying a rate on its own (`--plain-producer`).
@@ -201,6 +207,8 @@ pub struct SweepStep {
     pub fire_p99_ms: u64,
     /// Every record received and fire p99 within 100 ms.
     pub kept_up: bool,
+    /// CPU time stolen by the hypervisor during the step, percent.
+    pub steal_percent: f64,
 }
 
 /// Everything `bench e2e` measured.
@@ -283,8 +291,8 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         report.plain_load = Some(p);
         return write_report(args, report);
     }
-    println!("| value | records x rounds | passthrough rec/s | kafka-delay rec/s | ratio | kafka-delay --sync rec/s | sync / no sync | consume only rec/s | CPU us per record: passthrough / kafka-delay (ratio) |");
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("| value | records x rounds | passthrough rec/s | kafka-delay rec/s | ratio | kafka-delay --sync rec/s | sync / no sync | consume only rec/s | CPU us per record: passthrough / kafka-delay (ratio) | CPU steal %: passthrough / kafka-delay |");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     for (i, &size) in sizes.iter().enumerate() {
         if args.rate.is_some() {
             break;
@@ -302,6 +310,7 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         let mut rates: [Vec<f64>; 4] = Default::default();
         let mut cpu: [Vec<f64>; 2] = Default::default();
         let mut faults: [Vec<f64>; 2] = Default::default();
+        let mut steal: [Vec<f64>; 2] = Default::default();
         if i == 0 {
             // Unmeasured: the first run against a freshly started Kafka in its own process was
             // about 12% slower than the same run after it, and the passthrough runs first.
@@ -322,9 +331,11 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
             let round = [pt.wall, off.wall, on.wall, consume].map(|d| n as f64 / d.as_secs_f64());
             let us = [pt.cpu, off.cpu].map(|d| d.as_secs_f64() * 1e6 / n as f64);
             let per = [pt.faults, off.faults].map(|f| f as f64 / n as f64);
+            let stolen = [pt.steal_percent, off.steal_percent];
             eprintln!(
                 "round {r}: passthrough {:.0}/s, kafka-delay {:.0}/s ({:.2}), --sync {:.0}/s; \
-                 CPU per record {:.2} us / {:.2} us ({:.2}); page faults per record {:.3} / {:.3}",
+                 CPU per record {:.2} us / {:.2} us ({:.2}); page faults per record {:.3} / {:.3}; \
+                 CPU steal {:.1}% / {:.1}%",
                 round[0],
                 round[1],
                 round[1] / round[0],
@@ -333,7 +344,9 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
                 us[1],
                 us[0] / us[1],
                 per[0],
-                per[1]
+                per[1],
+                stolen[0],
+                stolen[1]
             );
             for (all, rate) in rates.iter_mut().zip(round) {
                 all.push(rate);
@@ -342,6 +355,9 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
                 all.push(us);
             }
             for (all, f) in faults.iter_mut().zip(per) {
+                all.push(f);
+            }
+            for (all, f) in steal.iter_mut().zip(stolen) {
                 all.push(f);
             }
         }
@@ -357,9 +373,10 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
             consume_only_per_s: consume,
             cpu_us_per_record,
             page_faults_per_record: faults.map(median),
+            steal_percent: steal.map(median),
         };
         println!(
-            "| {size} B | {n} x {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} / {:.2} ({:.2}) |",
+            "| {size} B | {n} x {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} / {:.2} ({:.2}) | {:.1} / {:.1} |",
             row.rounds,
             row.passthrough_per_s,
             row.broker_per_s,
@@ -369,7 +386,9 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
             row.consume_only_per_s,
             cpu_us_per_record[0],
             cpu_us_per_record[1],
-            cpu_us_per_record[0] / cpu_us_per_record[1]
+            cpu_us_per_record[0] / cpu_us_per_record[1],
+            row.steal_percent[0],
+            row.steal_percent[1]
         );
         report.throughput.push(row);
     }
@@ -380,8 +399,8 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
     let ceiling = report.throughput.first().map(|t| t.broker_per_s);
     if let (None, Some(ceiling), true) = (args.rate, ceiling, sweep_for > 0) {
         println!();
-        println!("| sweep rate rec/s | records | received | early | fire p99 ms | kept up |");
-        println!("|---|---|---|---|---|---|");
+        println!("| sweep rate rec/s | records | received | early | fire p99 ms | kept up | CPU steal % |");
+        println!("|---|---|---|---|---|---|---|");
         // Up by a quarter while it keeps up; if the first step does not, down by a fifth until
         // one does.
         let mut rate = ceiling / 5.0;
@@ -406,15 +425,17 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
                 early: l.early,
                 fire_p99_ms: l.fire_ms[1],
                 kept_up: l.received == l.records && l.fire_ms[1] <= 100,
+                steal_percent: l.steal_percent,
             };
             println!(
-                "| {:.0} | {} | {} | {} | {} | {} |",
+                "| {:.0} | {} | {} | {} | {} | {} | {:.1} |",
                 s.rate_per_s,
                 s.records,
                 s.received,
                 s.early,
                 s.fire_p99_ms,
-                if s.kept_up { "yes" } else { "no" }
+                if s.kept_up { "yes" } else { "no" },
+                s.steal_percent
             );
             let kept_up = s.kept_up;
             report.sweep.push(s);
@@ -443,10 +464,10 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
             )
             .await?;
         println!();
-        println!("| pending | rate rec/s | delay ms | records | received | early | wheel p50 / p99 / p99.9 ms (at most) | fire p50 / p99 / p99.9 / max ms | arrival p50 / p99 / p99.9 / max ms | delivery ack p50 / p99 / p99.9 ms (at most) | kafka-delay's produce ack p50 / p99 / p99.9 ms (at most) | plain producer ack p50 / p99 / p99.9 / max ms | linger ms |");
-        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
+        println!("| pending | rate rec/s | delay ms | records | received | early | wheel p50 / p99 / p99.9 ms (at most) | fire p50 / p99 / p99.9 / max ms | arrival p50 / p99 / p99.9 / max ms | delivery ack p50 / p99 / p99.9 ms (at most) | kafka-delay's produce ack p50 / p99 / p99.9 ms (at most) | plain producer ack p50 / p99 / p99.9 / max ms | linger ms | CPU steal % |");
+        println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|");
         println!(
-            "| {} | {:.0} | {} | {} | {} | {} | {} / {} / {} | {} / {} / {} / {} | {} / {} / {} / {} | {} / {} / {} | {} / {} / {} | {} / {} / {} / {} | {} |",
+            "| {} | {:.0} | {} | {} | {} | {} | {} / {} / {} | {} / {} / {} / {} | {} / {} / {} / {} | {} / {} / {} | {} / {} / {} | {} / {} / {} / {} | {} | {:.1} |",
             l.pending,
             l.rate_per_s,
             l.delay_ms,
@@ -474,7 +495,8 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
             l.probe_ack_ms[1],
             l.probe_ack_ms[2],
             l.probe_ack_ms[3],
-            l.linger_ms
+            l.linger_ms,
+            l.steal_percent
         );
         report.lateness = Some(l);
     }
@@ -530,6 +552,8 @@ struct Span {
     wall: Duration,
     cpu: Duration,
     faults: u64,
+    /// The machine's CPU time stolen meanwhile, percent.
+    steal_percent: f64,
 }
 
 /// Started when a run's first record is consumed.
@@ -538,6 +562,7 @@ struct Stopwatch {
     wall: Instant,
     cpu: Duration,
     faults: u64,
+    machine: MachineTicks,
 }
 
 impl Stopwatch {
@@ -547,6 +572,7 @@ impl Stopwatch {
             wall: Instant::now(),
             cpu,
             faults,
+            machine: MachineTicks::now(),
         }
     }
 
@@ -556,6 +582,7 @@ impl Stopwatch {
             wall: self.wall.elapsed(),
             cpu: cpu.saturating_sub(self.cpu),
             faults: faults.saturating_sub(self.faults),
+            steal_percent: self.machine.steal_percent_until(MachineTicks::now()),
         }
     }
 }
@@ -582,6 +609,53 @@ fn process_usage() -> (Duration, u64) {
         Duration::from_millis((field(14) + field(15)) * 10),
         field(10),
     )
+}
+
+/// The machine's CPU time so far, from the first line of `/proc/stat` (all CPUs, in clock
+/// ticks): the time the hypervisor gave to other guests while this one wanted to run (steal),
+/// and all of it. On a shared virtual machine a run's rates and lateness move with steal, so
+/// every run reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+struct MachineTicks {
+    steal: u64,
+    total: u64,
+}
+
+impl MachineTicks {
+    /// Now; zero where `/proc/stat` cannot be read.
+    fn now() -> Self {
+        std::fs::read_to_string("/proc/stat")
+            .ok()
+            .and_then(|s| s.lines().next().and_then(Self::parse))
+            .unwrap_or_default()
+    }
+
+    /// From the `cpu` line: user, nice, system, idle, iowait, irq, softirq, steal (guest time
+    /// is already inside user and nice). `None` for any other line.
+    fn parse(line: &str) -> Option<Self> {
+        let mut fields = line.split_whitespace();
+        if fields.next()? != "cpu" {
+            return None;
+        }
+        let ticks: Vec<u64> = fields
+            .take(8)
+            .map(str::parse)
+            .collect::<Result<_, _>>()
+            .ok()?;
+        (ticks.len() == 8).then(|| Self {
+            steal: ticks[7],
+            total: ticks.iter().sum(),
+        })
+    }
+
+    /// Steal between `self` and `later`, percent of all CPU time then (0 when none passed).
+    fn steal_percent_until(self, later: Self) -> f64 {
+        let total = later.total.saturating_sub(self.total);
+        if total == 0 {
+            return 0.0;
+        }
+        100.0 * later.steal.saturating_sub(self.steal) as f64 / total as f64
+    }
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -877,6 +951,7 @@ impl Kafka {
         let value = vec![b'v'; 100];
         let delay = delay_ms.to_string();
         let started = Instant::now();
+        let machine = MachineTicks::now();
         let produced = Arc::new(std::sync::atomic::AtomicU64::new(0));
         let timeline = tokio::spawn(timeline(
             self.brokers.clone(),
@@ -918,6 +993,7 @@ impl Kafka {
             f.await?.map_err(|(e, _)| e)?;
         }
         let (fire, arrival, early) = collector.await?;
+        let steal_percent = machine.steal_percent_until(MachineTicks::now());
         timeline.abort();
         probing.store(false, Ordering::Relaxed);
         let probe_ack_ms = percentiles(probe.await?);
@@ -940,6 +1016,7 @@ impl Kafka {
             produce_ms_at_most: produce,
             delay_ms,
             linger_ms,
+            steal_percent,
         })
     }
 }
@@ -1211,7 +1288,32 @@ async fn timeline(
 mod tests {
     use clap::Parser;
 
+    use super::MachineTicks;
     use crate::config::Cli;
+
+    #[test]
+    fn steal_is_read_from_the_cpu_line_as_a_share_of_all_cpu_time() {
+        // /proc/stat's first line: user nice system idle iowait irq softirq steal guest
+        // guest_nice.
+        let before = MachineTicks::parse("cpu  100 10 50 800 5 0 5 30 7 0").unwrap();
+        assert_eq!(
+            before,
+            MachineTicks {
+                steal: 30,
+                total: 1_000
+            }
+        );
+        let after = MachineTicks::parse("cpu  200 10 100 950 5 0 5 130 9 0").unwrap();
+        // 400 ticks passed, 100 of them stolen.
+        assert_eq!(before.steal_percent_until(after), 25.0);
+        assert_eq!(after.steal_percent_until(after), 0.0);
+        // Per-CPU lines and short or garbled lines are not the machine's line.
+        assert_eq!(MachineTicks::parse("cpu0 1 2 3 4 5 6 7 8 9 10"), None);
+        assert_eq!(MachineTicks::parse("cpu  1 2 3"), None);
+        assert_eq!(MachineTicks::parse("cpu  1 2 3 4 5 6 7 x"), None);
+        // This machine's own line parses.
+        assert!(MachineTicks::now().total > 0);
+    }
 
     #[test]
     fn the_plain_producer_baseline_needs_a_rate_and_its_traffic_needs_the_baseline() {
