@@ -42,12 +42,12 @@ use crate::store::{IngestOp, Pid, Store};
 /// commit has no timeout of its own, and one was seen waiting forever (a CI run, with the mock
 /// cluster still up): shutdown must end regardless. Nothing is lost without that commit, since
 /// RocksDB holds the offsets ingest resumes from.
-pub const FINAL_COMMIT_WAIT: Duration = Duration::from_secs(10);
+const FINAL_COMMIT_WAIT: Duration = Duration::from_secs(10);
 
 /// Commits `offsets` synchronously on a thread of its own and waits at most `wait` for the
-/// answer: `None` when none came (the thread is left to librdkafka; it holds no runtime worker
-/// and nothing the process waits for at exit).
-pub async fn commit_within<X, C>(
+/// answer: `None` when none came, or the thread could not be started (a thread left waiting
+/// holds no runtime worker and nothing the process waits for at exit).
+async fn commit_within<X, C>(
     consumer: Arc<C>,
     offsets: rdkafka::TopicPartitionList,
     wait: Duration,
