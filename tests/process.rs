@@ -296,3 +296,41 @@ async fn replay_command_shows_progress_and_a_summary_and_a_dry_run_moves_nothing
     assert_eq!(code, Some(2));
     assert!(err.contains("--rate 'fast'"), "{err}");
 }
+
+/// `bench e2e` as the README's figures are made, at a tiny size on the embedded cluster: every
+/// side of a throughput round moves all its records (the stored passthrough fails the run if
+/// one is left in its RocksDB) and the JSON carries each side's rate.
+#[test]
+fn bench_e2e_moves_every_record_through_each_side_and_writes_the_rates() {
+    let dir = TempDir::new().unwrap();
+    let json = dir.path().join("e2e.json");
+    let out = Command::new("timeout")
+        .args(["120", BIN, "bench", "e2e", "--records", "2000"])
+        .args(["--value-bytes", "100", "--rounds", "1", "--partitions", "4"])
+        .args(["--sweep-for", "0s", "--json"])
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("stored passthrough rec/s"), "{stdout}");
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let rows = report["throughput"].as_array().unwrap();
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0]["records"], 2000);
+    for side in [
+        "passthrough_per_s",
+        "stored_passthrough_per_s",
+        "broker_per_s",
+        "broker_sync_per_s",
+    ] {
+        let rate = rows[0][side].as_f64().unwrap_or(0.0);
+        assert!(rate > 0.0, "{side}: {}", rows[0]);
+    }
+    let busy = rows[0]["machine_busy_percent"].as_array().unwrap();
+    assert_eq!(busy.len(), 3);
+}

@@ -4,8 +4,10 @@
 //! Throughput: for each value size, N records with the delay headers are produced to a topic
 //! first; then a plain passthrough (the ingest consumer's settings, the broker's producer
 //! settings, the same in-flight window) consumes and re-produces them with their key, value and
-//! headers, and the broker (ingest, RocksDB write, wheel, publish, delete) moves the same number
-//! from a delay topic to a target, with `--sync` off and on. Each rate is records over the time
+//! headers, a stored passthrough does the same and also keeps each record in a plain RocksDB
+//! from before it is produced until it is acknowledged (the least any design that stores every
+//! record does), and the broker (ingest, RocksDB write, wheel, publish, delete) moves the same
+//! number from a delay topic to a target, with `--sync` off and on. Each rate is records over the time
 //! from the first record consumed to the last one acknowledged (and, for the broker, deleted
 //! from RocksDB).
 //!
@@ -29,7 +31,7 @@ use prometheus::core::Metric as _;
 use prometheus::Registry;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::RDKafkaErrorCode;
-use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
+use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{
     BaseRecord, DeliveryResult, FutureProducer, FutureRecord, Producer, ProducerContext,
     ThreadedProducer,
@@ -113,10 +115,17 @@ pub struct Throughput {
     pub value_bytes: usize,
     /// Records moved per run.
     pub records: u64,
-    /// Rounds (each a passthrough, a broker and a `--sync` broker run); rates are medians.
+    /// Rounds (each a passthrough, a stored passthrough, a broker and a `--sync` broker run);
+    /// rates are medians.
     pub rounds: usize,
     /// Passthrough records per second.
     pub passthrough_per_s: f64,
+    /// Records per second of the passthrough that also keeps each record in a plain RocksDB
+    /// until it is acknowledged (written before it is produced, deleted after): the most any
+    /// design that stores every record could move here (`Kafka::stored_passthrough`).
+    pub stored_passthrough_per_s: f64,
+    /// CPU time of the whole process per record in the stored passthrough, microseconds.
+    pub stored_passthrough_cpu_us_per_record: f64,
     /// Broker records per second, sync off.
     pub broker_per_s: f64,
     /// Broker records per second, sync on (group commit).
@@ -134,6 +143,10 @@ pub struct Throughput {
     /// The machine's CPU time taken by the hypervisor for other guests (steal), percent of all
     /// CPU time during the run, passthrough and broker with sync off ([`MachineTicks`]).
     pub steal_percent: [f64; 2],
+    /// The share of the machine's CPU time (less steal) spent busy by anything during the run,
+    /// percent: passthrough, stored passthrough, broker with sync off. Near 100, the machine's
+    /// CPU bounds the rate, and the rates follow the CPU per record of the client and Kafka.
+    pub machine_busy_percent: [f64; 3],
 }
 
 /// The lateness run.
@@ -291,8 +304,8 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         report.plain_load = Some(p);
         return write_report(args, report);
     }
-    println!("| value | records x rounds | passthrough rec/s | kafka-delay rec/s | ratio | kafka-delay --sync rec/s | sync / no sync | consume only rec/s | CPU us per record: passthrough / kafka-delay (ratio) | CPU steal %: passthrough / kafka-delay |");
-    println!("|---|---|---|---|---|---|---|---|---|---|");
+    println!("| value | records x rounds | passthrough rec/s | stored passthrough rec/s (ratio) | kafka-delay rec/s | ratio | of the stored | kafka-delay --sync rec/s | sync / no sync | consume only rec/s | CPU us per record: passthrough / stored / kafka-delay | CPU steal %: passthrough / kafka-delay | machine busy %: passthrough / stored / kafka-delay |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     for (i, &size) in sizes.iter().enumerate() {
         if args.rate.is_some() {
             break;
@@ -307,10 +320,12 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         let n = args.records;
         // Rounds of the three runs, interleaved, so that a disturbance of the shared machine
         // hits one round rather than one side; the medians are reported.
-        let mut rates: [Vec<f64>; 4] = Default::default();
+        let mut rates: [Vec<f64>; 5] = Default::default();
+        let mut stored_cpu = Vec::new();
         let mut cpu: [Vec<f64>; 2] = Default::default();
         let mut faults: [Vec<f64>; 2] = Default::default();
         let mut steal: [Vec<f64>; 2] = Default::default();
+        let mut busy: [Vec<f64>; 3] = Default::default();
         if i == 0 {
             // Unmeasured: the first run against a freshly started Kafka in its own process was
             // about 12% slower than the same run after it, and the passthrough runs first.
@@ -322,31 +337,45 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         }
         for r in 0..args.rounds.max(1) {
             let (pt, consume) = kafka.passthrough(&format!("{i}.{r}"), n, size).await?;
+            let stored = kafka
+                .stored_passthrough(&format!("{i}.{r}"), n, size)
+                .await?;
             let off = kafka
                 .through_broker(&format!("{i}.{r}a"), n, size, false)
                 .await?;
             let on = kafka
                 .through_broker(&format!("{i}.{r}b"), n, size, true)
                 .await?;
-            let round = [pt.wall, off.wall, on.wall, consume].map(|d| n as f64 / d.as_secs_f64());
+            let round = [pt.wall, off.wall, on.wall, consume, stored.wall]
+                .map(|d| n as f64 / d.as_secs_f64());
+            let stored_us = stored.cpu.as_secs_f64() * 1e6 / n as f64;
             let us = [pt.cpu, off.cpu].map(|d| d.as_secs_f64() * 1e6 / n as f64);
             let per = [pt.faults, off.faults].map(|f| f as f64 / n as f64);
             let stolen = [pt.steal_percent, off.steal_percent];
+            let busied = [pt.busy_percent, stored.busy_percent, off.busy_percent];
             eprintln!(
-                "round {r}: passthrough {:.0}/s, kafka-delay {:.0}/s ({:.2}), --sync {:.0}/s; \
-                 CPU per record {:.2} us / {:.2} us ({:.2}); page faults per record {:.3} / {:.3}; \
-                 CPU steal {:.1}% / {:.1}%",
+                "round {r}: passthrough {:.0}/s, stored passthrough {:.0}/s ({:.2}), \
+                 kafka-delay {:.0}/s ({:.2}; {:.2} of the stored), --sync {:.0}/s; \
+                 CPU per record {:.2} us / {:.2} us / {:.2} us; \
+                 page faults per record {:.3} / {:.3}; CPU steal {:.1}% / {:.1}%; \
+                 machine busy {:.0}% / {:.0}% / {:.0}%",
                 round[0],
+                round[4],
+                round[4] / round[0],
                 round[1],
                 round[1] / round[0],
+                round[1] / round[4],
                 round[2],
                 us[0],
+                stored_us,
                 us[1],
-                us[0] / us[1],
                 per[0],
                 per[1],
                 stolen[0],
-                stolen[1]
+                stolen[1],
+                busied[0],
+                busied[1],
+                busied[2]
             );
             for (all, rate) in rates.iter_mut().zip(round) {
                 all.push(rate);
@@ -354,41 +383,54 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
             for (all, us) in cpu.iter_mut().zip(us) {
                 all.push(us);
             }
+            stored_cpu.push(stored_us);
             for (all, f) in faults.iter_mut().zip(per) {
                 all.push(f);
             }
             for (all, f) in steal.iter_mut().zip(stolen) {
                 all.push(f);
             }
+            for (all, b) in busy.iter_mut().zip(busied) {
+                all.push(b);
+            }
         }
-        let [pt, off, on, consume] = rates.map(median);
+        let [pt, off, on, consume, stored] = rates.map(median);
         let cpu_us_per_record = cpu.map(median);
         let row = Throughput {
             value_bytes: size,
             records: n,
             rounds: args.rounds.max(1),
             passthrough_per_s: pt,
+            stored_passthrough_per_s: stored,
+            stored_passthrough_cpu_us_per_record: median(stored_cpu),
             broker_per_s: off,
             broker_sync_per_s: on,
             consume_only_per_s: consume,
             cpu_us_per_record,
             page_faults_per_record: faults.map(median),
             steal_percent: steal.map(median),
+            machine_busy_percent: busy.map(median),
         };
         println!(
-            "| {size} B | {n} x {} | {:.0} | {:.0} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} / {:.2} ({:.2}) | {:.1} / {:.1} |",
+            "| {size} B | {n} x {} | {:.0} | {:.0} ({:.2}) | {:.0} | {:.2} | {:.2} | {:.0} | {:.2} | {:.0} | {:.2} / {:.2} / {:.2} | {:.1} / {:.1} | {:.0} / {:.0} / {:.0} |",
             row.rounds,
             row.passthrough_per_s,
+            row.stored_passthrough_per_s,
+            row.stored_passthrough_per_s / row.passthrough_per_s,
             row.broker_per_s,
             row.broker_per_s / row.passthrough_per_s,
+            row.broker_per_s / row.stored_passthrough_per_s,
             row.broker_sync_per_s,
             row.broker_sync_per_s / row.broker_per_s,
             row.consume_only_per_s,
             cpu_us_per_record[0],
+            row.stored_passthrough_cpu_us_per_record,
             cpu_us_per_record[1],
-            cpu_us_per_record[0] / cpu_us_per_record[1],
             row.steal_percent[0],
-            row.steal_percent[1]
+            row.steal_percent[1],
+            row.machine_busy_percent[0],
+            row.machine_busy_percent[1],
+            row.machine_busy_percent[2]
         );
         report.throughput.push(row);
     }
@@ -554,6 +596,9 @@ struct Span {
     faults: u64,
     /// The machine's CPU time stolen meanwhile, percent.
     steal_percent: f64,
+    /// The share of the CPU time the machine had meanwhile that it spent busy (this process,
+    /// Kafka and anything else), percent: near 100, the machine's CPU bounds the rate.
+    busy_percent: f64,
 }
 
 /// Started when a run's first record is consumed.
@@ -578,11 +623,13 @@ impl Stopwatch {
 
     fn stop(self) -> Span {
         let (cpu, faults) = process_usage();
+        let machine = MachineTicks::now();
         Span {
             wall: self.wall.elapsed(),
             cpu: cpu.saturating_sub(self.cpu),
             faults: faults.saturating_sub(self.faults),
-            steal_percent: self.machine.steal_percent_until(MachineTicks::now()),
+            steal_percent: self.machine.steal_percent_until(machine),
+            busy_percent: self.machine.busy_percent_until(machine),
         }
     }
 }
@@ -618,6 +665,8 @@ fn process_usage() -> (Duration, u64) {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 struct MachineTicks {
     steal: u64,
+    /// Idle and waiting for I/O.
+    idle: u64,
     total: u64,
 }
 
@@ -644,6 +693,7 @@ impl MachineTicks {
             .ok()?;
         (ticks.len() == 8).then(|| Self {
             steal: ticks[7],
+            idle: ticks[3] + ticks[4],
             total: ticks.iter().sum(),
         })
     }
@@ -655,6 +705,72 @@ impl MachineTicks {
             return 0.0;
         }
         100.0 * later.steal.saturating_sub(self.steal) as f64 / total as f64
+    }
+
+    /// Busy time between `self` and `later`, percent of the CPU time the machine had then (all
+    /// of it but steal; 0 when none passed).
+    fn busy_percent_until(self, later: Self) -> f64 {
+        let idle = later.idle.saturating_sub(self.idle);
+        let had = later
+            .total
+            .saturating_sub(self.total)
+            .saturating_sub(later.steal.saturating_sub(self.steal));
+        if had == 0 {
+            return 0.0;
+        }
+        100.0 * had.saturating_sub(idle) as f64 / had as f64
+    }
+}
+
+/// What a passthrough run copies with (`Kafka::copying`); the data directory lives as long as
+/// the run.
+struct Copying {
+    dir: tempfile::TempDir,
+    src: String,
+    dst: String,
+    config: Config,
+    producer: FutureProducer,
+    consumer: StreamConsumer,
+}
+
+/// `m` as a record for `dst`: its key, value and headers.
+fn copy_to<'a>(dst: &'a str, m: &'a BorrowedMessage<'_>) -> FutureRecord<'a, [u8], [u8]> {
+    let mut rec = FutureRecord::to(dst).payload(m.payload().unwrap_or_default());
+    if let Some(k) = m.key() {
+        rec = rec.key(k);
+    }
+    if let Some(h) = m.headers() {
+        rec = rec.headers(h.detach());
+    }
+    rec
+}
+
+/// The stored passthrough's key of a record: its partition and offset, as the store's record
+/// ids (one source topic per run).
+fn floor_key_of(partition: i32, offset: i64) -> [u8; 8] {
+    (((partition as u64) << 48) | (offset as u64 & ((1 << 48) - 1))).to_be_bytes()
+}
+
+fn floor_key<M: Message>(m: &M) -> [u8; 8] {
+    floor_key_of(m.partition(), m.offset())
+}
+
+/// What the stored passthrough keeps of a record: everything needed to publish it again after
+/// a restart (target, key, value, headers), each length-prefixed.
+fn encode_floor_record<M: Message>(out: &mut Vec<u8>, target: &str, m: &M) {
+    fn field(out: &mut Vec<u8>, bytes: &[u8]) {
+        out.extend_from_slice(&(bytes.len() as u32).to_le_bytes());
+        out.extend_from_slice(bytes);
+    }
+    out.clear();
+    field(out, target.as_bytes());
+    field(out, m.key().unwrap_or_default());
+    field(out, m.payload().unwrap_or_default());
+    if let Some(headers) = m.headers() {
+        for h in headers.iter() {
+            field(out, h.key.as_bytes());
+            field(out, h.value.unwrap_or_default());
+        }
     }
 }
 
@@ -744,6 +860,29 @@ impl Kafka {
         Ok(())
     }
 
+    /// A source topic filled with `n` of the broker's input records (headers and all, carried
+    /// through as they are), an empty target, and a consumer (ingest's settings, subscribed)
+    /// and a producer (the broker's settings) to copy one to the other.
+    async fn copying(&self, tag: &str, n: u64, size: usize) -> Result<Copying, BenchError> {
+        let dir = tempfile::TempDir::new()?;
+        let (src, dst) = (format!("bench.{tag}"), format!("bench.{tag}.out"));
+        let config = config(&self.brokers, dir.path(), &["--group-id", tag])?;
+        let producer = kafka::producer(&config)?;
+        self.create(&src, &producer, &config).await;
+        self.create(&dst, &producer, &config).await;
+        self.fill_topic(&src, n, size, Some(&dst)).await?;
+        let consumer: StreamConsumer = crate::ingest::consumer_config(&config).create()?;
+        consumer.subscribe(&[&src])?;
+        Ok(Copying {
+            dir,
+            src,
+            dst,
+            config,
+            producer,
+            consumer,
+        })
+    }
+
     /// Consume-and-produce of `n` records with the broker's client settings, each re-produced
     /// with its key, value and headers: the time from the first record consumed to the last one
     /// acknowledged.
@@ -753,34 +892,23 @@ impl Kafka {
         n: u64,
         size: usize,
     ) -> Result<(Span, Duration), BenchError> {
-        let dir = tempfile::TempDir::new()?;
-        let (src, dst) = (format!("bench.pt.{tag}"), format!("bench.pt.{tag}.out"));
-        let config = config(
-            &self.brokers,
-            dir.path(),
-            &["--group-id", &format!("pt-{tag}")],
-        )?;
-        let producer = kafka::producer(&config)?;
-        self.create(&src, &producer, &config).await;
-        self.create(&dst, &producer, &config).await;
-        // The same records the broker gets, headers and all, carried through as they are.
-        self.fill_topic(&src, n, size, Some(&dst)).await?;
-        let consumer: StreamConsumer = crate::ingest::consumer_config(&config).create()?;
-        consumer.subscribe(&[&src])?;
+        let Copying {
+            dir: _dir,
+            src,
+            dst,
+            config,
+            producer,
+            consumer,
+        } = self.copying(&format!("pt.{tag}"), n, size).await?;
         let window = config.in_flight;
         let mut acks = std::collections::VecDeque::new();
         let mut started = None;
         for _ in 0..n {
             let m = consumer.recv().await?;
             started.get_or_insert_with(Stopwatch::start);
-            let mut rec = FutureRecord::to(&dst).payload(m.payload().unwrap_or_default());
-            if let Some(k) = m.key() {
-                rec = rec.key(k);
-            }
-            if let Some(h) = m.headers() {
-                rec = rec.headers(h.detach());
-            }
-            let ack = producer.send_result(rec).map_err(|(e, _)| e)?;
+            let ack = producer
+                .send_result(copy_to(&dst, &m))
+                .map_err(|(e, _)| e)?;
             acks.push_back((ack, m.topic().to_owned(), m.partition(), m.offset()));
             if acks.len() >= window {
                 let (ack, t, p, o) = acks.pop_front().expect("not empty");
@@ -805,6 +933,92 @@ impl Kafka {
         }
         let consume = started.map(|s| s.elapsed()).unwrap_or_default();
         Ok((took, consume))
+    }
+
+    /// The passthrough with the least a design that keeps every record durably until it is
+    /// delivered must add: each group of records the consumer holds (as ingest takes them) is
+    /// written to a plain RocksDB (the store's options for its records, the write-ahead log on,
+    /// no fsync) before it is produced, and each record is deleted once acknowledged. The
+    /// writes run on a blocking thread, one batch at a time, while the loop produces the group
+    /// written before: a batch holds one group's records and the deletes of all those
+    /// acknowledged since the batch before, so a delete never precedes its record. No read (the
+    /// records are produced from the consumed copies), no index, no timer: the CPU any such
+    /// design adds per record, and the rate it could reach where the machine's CPU is the bound.
+    async fn stored_passthrough(&self, tag: &str, n: u64, size: usize) -> Result<Span, BenchError> {
+        let Copying {
+            dir,
+            src: _,
+            dst,
+            config,
+            producer,
+            consumer,
+        } = self.copying(&format!("spt.{tag}"), n, size).await?;
+        let mut opts = rocksdb::Options::default();
+        opts.create_if_missing(true);
+        opts.set_max_background_jobs(2);
+        opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        let db = Arc::new(rocksdb::DB::open(&opts, dir.path().join("floor"))?);
+        let group_size = crate::ingest::max_group(false);
+        let window = config.in_flight;
+        let mut acks = std::collections::VecDeque::new();
+        let mut acked = rocksdb::WriteBatch::default();
+        let mut started = None;
+        let mut moved = 0u64;
+        let mut value = Vec::new();
+        let write = |db: &Arc<rocksdb::DB>, batch: rocksdb::WriteBatch| {
+            let db = Arc::clone(db);
+            tokio::task::spawn_blocking(move || db.write(batch))
+        };
+        // The group whose write is in flight: produced once it is stored (as the broker stores
+        // a record before it fires it), while the next group's write runs.
+        let mut writing = write(&db, rocksdb::WriteBatch::default());
+        let mut stored_next = Vec::new();
+        while moved < n || !stored_next.is_empty() {
+            let mut group = Vec::new();
+            if moved < n {
+                group.push(consumer.recv().await?);
+                started.get_or_insert_with(Stopwatch::start);
+                while group.len() < group_size && moved + (group.len() as u64) < n {
+                    match crate::ingest::ready_now(consumer.recv()) {
+                        Some(m) => group.push(m?),
+                        None => break,
+                    }
+                }
+                moved += group.len() as u64;
+            }
+            writing.await??;
+            let mut batch = std::mem::take(&mut acked);
+            for m in &group {
+                encode_floor_record(&mut value, &dst, m);
+                batch.put(floor_key(m), &value);
+            }
+            writing = write(&db, batch);
+            for m in std::mem::replace(&mut stored_next, group) {
+                let ack = producer
+                    .send_result(copy_to(&dst, &m))
+                    .map_err(|(e, _)| e)?;
+                acks.push_back((ack, m.topic().to_owned(), m.partition(), m.offset()));
+                while acks.len() >= window {
+                    let (ack, t, p, o) = acks.pop_front().expect("not empty");
+                    ack.await?.map_err(|(e, _)| e)?;
+                    consumer.store_offset(&t, p, o)?;
+                    acked.delete(floor_key_of(p, o));
+                }
+            }
+        }
+        for (ack, t, p, o) in acks {
+            ack.await?.map_err(|(e, _)| e)?;
+            consumer.store_offset(&t, p, o)?;
+            acked.delete(floor_key_of(p, o));
+        }
+        writing.await??;
+        db.write(acked)?;
+        let took = started.unwrap_or_else(Stopwatch::start).stop();
+        let left = db.iterator(rocksdb::IteratorMode::Start).count();
+        if left != 0 {
+            return Err(format!("the stored passthrough left {left} records in RocksDB").into());
+        }
+        Ok(took)
     }
 
     /// The same through the broker: from the first record ingested to the last one delivered
@@ -1288,8 +1502,40 @@ async fn timeline(
 mod tests {
     use clap::Parser;
 
-    use super::MachineTicks;
+    use rdkafka::message::{Header, OwnedHeaders, OwnedMessage, Timestamp};
+
+    use super::{encode_floor_record, floor_key, floor_key_of, MachineTicks};
     use crate::config::Cli;
+
+    #[test]
+    fn the_stored_passthrough_keeps_what_a_restart_needs_under_one_key_per_record() {
+        let headers = OwnedHeaders::new().insert(Header {
+            key: "delay-target",
+            value: Some("out"),
+        });
+        let m = OwnedMessage::new(
+            Some(b"value".to_vec()),
+            Some(b"k".to_vec()),
+            "src".into(),
+            Timestamp::NotAvailable,
+            3,
+            42,
+            Some(headers),
+        );
+        let mut out = vec![9; 4];
+        encode_floor_record(&mut out, "dst", &m);
+        let mut want = Vec::new();
+        for field in [&b"dst"[..], b"k", b"value", b"delay-target", b"out"] {
+            want.extend_from_slice(&(field.len() as u32).to_le_bytes());
+            want.extend_from_slice(field);
+        }
+        assert_eq!(out, want);
+        // Keys are distinct per partition and offset, and sort by them.
+        assert_eq!(floor_key(&m), floor_key_of(3, 42));
+        assert!(floor_key_of(3, 42) < floor_key_of(3, 43));
+        assert!(floor_key_of(3, (1 << 48) - 1) < floor_key_of(4, 0));
+        assert_ne!(floor_key_of(0, 42), floor_key_of(3, 42));
+    }
 
     #[test]
     fn steal_is_read_from_the_cpu_line_as_a_share_of_all_cpu_time() {
@@ -1300,13 +1546,16 @@ mod tests {
             before,
             MachineTicks {
                 steal: 30,
+                idle: 805,
                 total: 1_000
             }
         );
         let after = MachineTicks::parse("cpu  200 10 100 950 5 0 5 130 9 0").unwrap();
-        // 400 ticks passed, 100 of them stolen.
+        // 400 ticks passed, 100 of them stolen; of the 300 the machine had, 150 idle.
         assert_eq!(before.steal_percent_until(after), 25.0);
+        assert_eq!(before.busy_percent_until(after), 50.0);
         assert_eq!(after.steal_percent_until(after), 0.0);
+        assert_eq!(after.busy_percent_until(after), 0.0);
         // Per-CPU lines and short or garbled lines are not the machine's line.
         assert_eq!(MachineTicks::parse("cpu0 1 2 3 4 5 6 7 8 9 10"), None);
         assert_eq!(MachineTicks::parse("cpu  1 2 3"), None);

@@ -153,7 +153,7 @@ pub fn consumer(
 
 /// Polls `future` once and returns its output if it is ready at once: how a group takes what
 /// the consumer already holds without arming a timer per record.
-fn ready_now<F: std::future::Future>(future: F) -> Option<F::Output> {
+pub(crate) fn ready_now<F: std::future::Future>(future: F) -> Option<F::Output> {
     let mut future = std::pin::pin!(future);
     let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
     match future.as_mut().poll(&mut cx) {
