@@ -32,8 +32,10 @@ impl Store {
         let mut batch = WriteBatch::default();
         let mut applied = Applied::default();
         let mut overlay: HashMap<Vec<u8>, Option<(RecordId, u64)>> = HashMap::new();
-        let mut next: HashMap<Pid, i64> = HashMap::new();
+        let mut next: HashMap<Pid, i64, BuildMul> = HashMap::default();
         let mut delta: i64 = 0;
+        // Looked up by name once per batch, not for every put.
+        let (records, due_index, ids) = (self.cf(CF_RECORDS), self.cf(CF_DUE), self.cf(CF_IDS));
         for op in ops {
             let (pid, offset) = op.position();
             let entry = next.entry(pid).or_insert(offset + 1);
@@ -48,18 +50,18 @@ impl Store {
                         if let Some((old, old_due)) = self.lookup_id(&overlay, &key)? {
                             let target = self.target_of(&new_targets, old, old_due)?;
                             counted.push(target, old_due, false);
-                            batch.delete_cf(self.cf(CF_RECORDS), old.to_bytes());
-                            batch.delete_cf(self.cf(CF_DUE), due_key(old_due, old));
+                            batch.delete_cf(records, old.to_bytes());
+                            batch.delete_cf(due_index, due_key(old_due, old));
                             applied.replaced += 1;
                             delta -= 1;
                         }
-                        batch.put_cf(self.cf(CF_IDS), &key, id_value(rid, due));
+                        batch.put_cf(ids, &key, id_value(rid, due));
                         overlay.insert(key, Some((rid, due)));
                     }
                     // Encoded once, when it was consumed.
-                    batch.put_cf(self.cf(CF_RECORDS), rid.to_bytes(), schedule.encoded());
+                    batch.put_cf(records, rid.to_bytes(), schedule.encoded());
                     let target = schedule.target();
-                    batch.put_cf(self.cf(CF_DUE), due_key(due, rid), target.as_bytes());
+                    batch.put_cf(due_index, due_key(due, rid), target.as_bytes());
                     counted.push(Cow::Borrowed(target), due, true);
                     if schedule.id().is_some() {
                         // Only a record with an id can be replaced or cancelled by a later
@@ -75,9 +77,9 @@ impl Store {
                         Some((old, old_due)) => {
                             let target = self.target_of(&new_targets, old, old_due)?;
                             counted.push(target, old_due, false);
-                            batch.delete_cf(self.cf(CF_RECORDS), old.to_bytes());
-                            batch.delete_cf(self.cf(CF_DUE), due_key(old_due, old));
-                            batch.delete_cf(self.cf(CF_IDS), &key);
+                            batch.delete_cf(records, old.to_bytes());
+                            batch.delete_cf(due_index, due_key(old_due, old));
+                            batch.delete_cf(ids, &key);
                             applied.cancelled += 1;
                             delta -= 1;
                         }
@@ -250,8 +252,9 @@ impl Store {
         // In key order: each tombstone's memtable insert then starts its search next to the
         // previous one's.
         record_keys.sort_unstable();
+        let records = self.cf(CF_RECORDS);
         for key in &record_keys {
-            batch.delete_cf(self.cf(CF_RECORDS), key);
+            batch.delete_cf(records, key);
         }
         // The delete after delivery gathers the due-index entries (see `due_garbage`); the
         // others delete theirs now, with whatever was gathered.
