@@ -99,7 +99,11 @@ pub async fn start(
     health.store_healthy.store(true, Ordering::Relaxed);
     let store = {
         let dir = config.data_dir.clone();
-        let opts = StoreOptions { sync: config.sync };
+        let opts = StoreOptions {
+            sync: config.sync,
+            keep_within_ms: config.keep_within_ms,
+            keep_bytes: config.keep_bytes,
+        };
         Arc::new(
             tokio::task::spawn_blocking(move || Store::open(&dir, opts))
                 .await

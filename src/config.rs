@@ -127,6 +127,14 @@ pub struct RunArgs {
     /// this, not the number pending. At least 1s.
     #[arg(long, env = "KAFKA_DELAY_HORIZON", default_value = "1h")]
     pub horizon: String,
+    /// Records due within this long of their arrival are also kept in memory until they fire
+    /// (still written to RocksDB first), so firing them reads nothing; at most --horizon.
+    #[arg(long, env = "KAFKA_DELAY_KEEP_IN_MEMORY_WITHIN", default_value = "5s")]
+    pub keep_in_memory_within: String,
+    /// Memory for those records, MiB (their bytes plus about 100 bytes each); a record that
+    /// does not fit is read from RocksDB when it fires. 0 keeps none.
+    #[arg(long, env = "KAFKA_DELAY_KEEP_IN_MEMORY_MB", default_value_t = 64)]
+    pub keep_in_memory_mb: usize,
     /// Regex of the retry topics: a record there is a consumer's retry (attempts counted,
     /// backoff applied). They must also match --source-pattern; created at start when missing.
     #[arg(
@@ -203,6 +211,10 @@ pub struct Config {
     pub fire_backoff_max_ms: u64,
     /// Horizon of the in-memory wheel, ms.
     pub horizon_ms: u64,
+    /// Records due within this many ms of arrival are kept in memory as well.
+    pub keep_within_ms: u64,
+    /// At most this many bytes of them.
+    pub keep_bytes: usize,
     /// In-flight deliveries.
     pub in_flight: usize,
     /// New-topic discovery interval, ms.
@@ -350,6 +362,20 @@ impl RunArgs {
                 self.horizon
             ));
         }
+        let keep_within_ms = duration("--keep-in-memory-within", &self.keep_in_memory_within)?;
+        if keep_within_ms > horizon_ms {
+            return fail(format!(
+                "--keep-in-memory-within {} is longer than --horizon {}; records due after the \
+                 horizon are not in the wheel, so keeping them in memory only costs memory",
+                self.keep_in_memory_within, self.horizon
+            ));
+        }
+        let Some(keep_bytes) = self.keep_in_memory_mb.checked_mul(1 << 20) else {
+            return fail(format!(
+                "--keep-in-memory-mb {} is more memory than this machine can address",
+                self.keep_in_memory_mb
+            ));
+        };
         let topic_refresh_ms = duration("--topic-refresh", &self.topic_refresh)?;
         if topic_refresh_ms < 100 {
             return fail("--topic-refresh must be at least 100ms".into());
@@ -395,6 +421,8 @@ impl RunArgs {
             fire_max_attempts: self.fire_max_attempts,
             fire_backoff_max_ms,
             horizon_ms,
+            keep_within_ms,
+            keep_bytes,
             in_flight: self.in_flight,
             topic_refresh_ms,
             kafka_config: self.kafka_config.clone(),
@@ -563,6 +591,10 @@ mod tests {
         assert!(!c.sync);
         // Off by default: it trades about 8% of throughput for firing closer to due.
         assert!(!c.short_scheduler_slice);
+        // Records due within 5 s of arrival fire from memory, up to 64 MiB of them.
+        assert_eq!((c.keep_within_ms, c.keep_bytes), (5_000, 64 << 20));
+        let c = parse(&["--brokers", "a:1", "--keep-in-memory-mb", "0"]).unwrap();
+        assert_eq!(c.keep_bytes, 0);
         // A custom source pattern the default retry topic does not match: no retry topic.
         let c = parse(&["--brokers", "a:1", "--source-pattern", r"^later\..+"]).unwrap();
         assert_eq!(c.retry_topic, None);
@@ -572,7 +604,7 @@ mod tests {
 
     #[test]
     fn bad_flags_say_what_to_fix() {
-        let cases: [(&[&str], &str); 17] = [
+        let cases: [(&[&str], &str); 19] = [
             (
                 &["--brokers", "a:1", "--retry-default", "backoff=linear"],
                 "--retry-default: backoff 'linear': use fixed or exponential",
@@ -642,6 +674,21 @@ mod tests {
             (
                 &["--brokers", "a:1", "--fire-max-attempts", "0"],
                 "at least 1",
+            ),
+            (
+                &[
+                    "--brokers",
+                    "a:1",
+                    "--horizon",
+                    "10s",
+                    "--keep-in-memory-within",
+                    "1m",
+                ],
+                "--keep-in-memory-within 1m is longer than --horizon 10s",
+            ),
+            (
+                &["--brokers", "a:1", "--keep-in-memory-within", "soon"],
+                "--keep-in-memory-within",
             ),
         ];
         for (args, want) in cases {

@@ -2,6 +2,9 @@
 //! tests get their own registry. Names: `kafka_delay_<subsystem>_<what>_<unit>`; labels are
 //! bounded (source topic, target topic, reason code, error kind), never a key or an id.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
 use prometheus::{
     Histogram, HistogramOpts, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
 };
@@ -86,6 +89,15 @@ pub struct Metrics {
     pub store_delayed_write_rate: IntGauge,
     /// 1 while RocksDB accepts writes, 0 after a failed write until one succeeds.
     pub store_healthy: IntGauge,
+    /// Records due soon kept in memory as well, and the bytes they count for (refreshed on
+    /// scrape).
+    pub store_kept_records: IntGauge,
+    /// See `store_kept_records`.
+    pub store_kept_bytes: IntGauge,
+    /// Records fired from memory instead of read from RocksDB (brought up to date on scrape).
+    pub store_kept_fired: IntCounter,
+    /// The store's count behind `store_kept_fired` at the last scrape (scrapes may overlap).
+    kept_fired_seen: Arc<AtomicU64>,
     /// Consumer lag of each source partition, from librdkafka's statistics.
     pub consumer_lag: IntGaugeVec,
     /// Admin API requests that change state, by action and outcome.
@@ -271,6 +283,22 @@ impl Metrics {
                 "kafka_delay_store_healthy",
                 "1 while RocksDB accepts writes; 0 after a failed write, until one succeeds.",
             )?,
+            store_kept_records: gauge(
+                "kafka_delay_store_kept_in_memory_records",
+                "Records due soon kept in memory as well as in RocksDB until they fire (--keep-in-memory-within).",
+            )?,
+            store_kept_bytes: gauge(
+                "kafka_delay_store_kept_in_memory_bytes",
+                "What the records kept in memory count for against --keep-in-memory-mb.",
+            )?,
+            store_kept_fired: reg(
+                registry,
+                IntCounter::new(
+                    "kafka_delay_store_kept_in_memory_fired_total",
+                    "Records fired from memory instead of read from RocksDB.",
+                )?,
+            )?,
+            kept_fired_seen: Arc::default(),
             consumer_lag: gauge_vec(
                 "kafka_delay_ingest_consumer_lag_records",
                 "Records not yet consumed in each source partition (librdkafka statistics).",
@@ -339,6 +367,12 @@ impl Metrics {
         self.store_write_stopped.set(i64::from(stopped));
         self.store_delayed_write_rate.set(rate as i64);
         self.store_healthy.set(i64::from(healthy));
+        let (kept, bytes, fired) = store.kept_in_memory();
+        self.store_kept_records.set(kept as i64);
+        self.store_kept_bytes.set(bytes as i64);
+        // The store counts; the counter catches up with it, each step by one scrape only.
+        let seen = self.kept_fired_seen.fetch_max(fired, Ordering::Relaxed);
+        self.store_kept_fired.inc_by(fired.saturating_sub(seen));
     }
 }
 

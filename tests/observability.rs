@@ -242,6 +242,7 @@ async fn the_dashboard_queries_only_exported_metrics_and_promtool_accepts_a_real
         "kafka_delay_pending_oldest_overdue_seconds",
         "kafka_delay_store_size_bytes",
         "kafka_delay_store_write_stopped",
+        "kafka_delay_store_kept_in_memory_fired_total",
         "kafka_delay_retry_records_total",
         "kafka_delay_retry_exhausted_total",
         "kafka_delay_fire_produce_errors_total",
@@ -284,6 +285,15 @@ async fn the_dashboard_queries_only_exported_metrics_and_promtool_accepts_a_real
     assert!(produce("count") >= 2.0, "{scrape}");
     assert!(produce("count") <= delivery("count"));
     assert!(produce("sum") <= delivery("sum"), "{scrape}");
+    // Every record fired (the two delivered, the exhausted retry's dead letter, the start's
+    // probe) was due within --keep-in-memory-within (5 s) of its arrival: each was fired from
+    // memory, which it has left. The one due in 30 minutes was not kept.
+    let kept = |name| metric(&scrape, &format!("kafka_delay_store_kept_in_memory_{name}"));
+    let fired = metric(&scrape, "kafka_delay_fire_lateness_seconds_count");
+    assert!(fired >= Some(3.0), "{}", brief(&scrape));
+    assert_eq!(kept("fired_total"), fired, "{}", brief(&scrape));
+    assert_eq!(kept("records"), Some(0.0));
+    assert_eq!(kept("bytes"), Some(0.0));
 
     let mut checked = 0;
     for (panel, expr) in dashboard_exprs() {

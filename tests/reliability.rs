@@ -813,7 +813,7 @@ async fn a_full_disk_pauses_consumption_reports_it_and_a_restart_after_space_ret
     // the last page the write-ahead log already had.
     let stored = {
         use kafka_delay::store::{Store, StoreOptions};
-        let store = Store::open(data.path(), StoreOptions { sync: true }).unwrap();
+        let store = Store::open(data.path(), StoreOptions::durable_only(true)).unwrap();
         let pid = store.partition_id(&t.delay, 0).unwrap();
         store
             .next_offsets()

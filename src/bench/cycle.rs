@@ -1,10 +1,12 @@
 //! `kafka-delay bench store-cycle`: what the store costs per record on the broker's path, with
-//! no Kafka in the way: ingest ([`Store::apply`]), the read before publishing ([`Store::get`])
+//! no Kafka in the way: ingest ([`Store::apply_at`]), the read before publishing ([`Store::get_for_firing`])
 //! and the delete after the acknowledgement ([`Store::remove_delivered`]), in batches, the deletes
 //! lagging the writes by the records in flight. The baseline, in the same run, is the least a
 //! durable store of records does: one write batch putting each record's bytes under its offset
 //! into a fresh RocksDB with default options, one batched read, and one delete batch, with the
-//! same batches and the same lag.
+//! same batches and the same lag. The store runs twice: with records due a minute after they
+//! arrive (read from RocksDB before publishing), and due a second after (kept in memory as well,
+//! and taken from there: `--keep-in-memory-within`).
 //!
 //! One thread writes and reads back, another deletes, at most `--in-flight` records behind (the
 //! broker's ingest loop and its completion task); RocksDB's background flushes and compactions
@@ -45,11 +47,21 @@ pub struct CycleArgs {
 pub struct Cycle {
     /// Plain RocksDB: put, read, delete of each record's bytes under one key.
     pub baseline_ns: f64,
-    /// kafka-delay's store: [`Store::apply`], [`Store::get`], [`Store::remove_delivered`].
-    pub store_ns: f64,
-    /// Of the store's run, time spent in [`Store::apply`] per record.
+    /// kafka-delay's store, records read from RocksDB before publishing (due later than
+    /// `--keep-in-memory-within` after they arrived).
+    pub store: Phases,
+    /// kafka-delay's store, records due soon: kept in memory as well, taken from there.
+    pub kept: Phases,
+}
+
+/// One run of kafka-delay's store, ns per record.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct Phases {
+    /// Wall time: [`Store::apply_at`], [`Store::get_for_firing`], [`Store::remove_delivered`].
+    pub wall_ns: f64,
+    /// Time spent in [`Store::apply_at`] per record.
     pub apply_ns: f64,
-    /// ... in [`Store::get`] (the read before publishing).
+    /// ... in [`Store::get_for_firing`] (the read before publishing).
     pub get_ns: f64,
     /// ... in [`Store::remove_delivered`] (on the other thread).
     pub remove_ns: f64,
@@ -68,14 +80,10 @@ pub fn store_cycle(args: &CycleArgs) -> Result<Vec<Cycle>, FillError> {
     let lag = (args.in_flight / args.batch as u64) as usize;
     (0..args.rounds)
         .map(|_| {
-            let baseline_ns = baseline(args, lag)?;
-            let [store_ns, apply_ns, get_ns, remove_ns] = store(args, lag)?;
             Ok(Cycle {
-                baseline_ns,
-                store_ns,
-                apply_ns,
-                get_ns,
-                remove_ns,
+                baseline_ns: baseline(args, lag)?,
+                store: store(args, lag, false)?,
+                kept: store(args, lag, true)?,
             })
         })
         .collect()
@@ -101,10 +109,19 @@ fn temp_dir() -> Result<tempfile::TempDir, FillError> {
     tempfile::TempDir::new().map_err(|e| FillError::Flag(format!("temporary directory: {e}")))
 }
 
-/// Wall ns per record, then ns per record in apply, get and remove.
-fn store(args: &CycleArgs, lag: usize) -> Result<[f64; 4], FillError> {
+/// Records arrive this long before they are due, ms: within the broker's default
+/// `--keep-in-memory-within` (5 s) when `keep`, beyond it otherwise.
+const EARLY_MS: [u64; 2] = [60_000, 1_000];
+
+/// What the store costs per record, with records due soon kept in memory (`keep`) or not.
+fn store(args: &CycleArgs, lag: usize, keep: bool) -> Result<Phases, FillError> {
     let dir = temp_dir()?;
-    let store = Store::open(dir.path(), StoreOptions { sync: false })?;
+    let options = StoreOptions {
+        sync: false,
+        keep_within_ms: 5_000,
+        keep_bytes: 64 << 20,
+    };
+    let store = Store::open(dir.path(), options)?;
     let pids = (0..PARTITIONS)
         .map(|p| store.partition_id("delay.bench", p))
         .collect::<Result<Vec<_>, _>>()?;
@@ -132,11 +149,13 @@ fn store(args: &CycleArgs, lag: usize) -> Result<[f64; 4], FillError> {
                 })
                 .collect();
             let t = Instant::now();
-            let ids: Vec<RecordId> = store.apply(&ops)?.inserted.iter().map(|e| e.1).collect();
+            let now = (1_000_000 + from / 64).saturating_sub(EARLY_MS[usize::from(keep)]);
+            let applied = store.apply_at(&ops, now)?;
+            let ids: Vec<RecordId> = applied.inserted.iter().map(|e| e.1).collect();
             apply_ns += t.elapsed().as_nanos();
             let t = Instant::now();
             let read_at = store.changes();
-            let records = store.get(&ids)?;
+            let records = store.get_for_firing(&ids)?;
             get_ns += t.elapsed().as_nanos();
             let mut fired: Vec<_> = ids
                 .into_iter()
@@ -163,12 +182,19 @@ fn store(args: &CycleArgs, lag: usize) -> Result<[f64; 4], FillError> {
             store.pending()
         )));
     }
-    Ok([
-        wall,
-        per(apply_ns),
-        per(get_ns),
-        per(u128::from(remove_ns.into_inner())),
-    ])
+    let (_, _, taken) = store.kept_in_memory();
+    if taken != if keep { args.records } else { 0 } {
+        return Err(FillError::Flag(format!(
+            "{taken} of {} records taken from memory (keep: {keep})",
+            args.records
+        )));
+    }
+    Ok(Phases {
+        wall_ns: wall,
+        apply_ns: per(apply_ns),
+        get_ns: per(get_ns),
+        remove_ns: per(u128::from(remove_ns.into_inner())),
+    })
 }
 
 /// Writes (and reads back) batches on this thread and deletes them on another, at most `lag`
@@ -265,7 +291,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_cycle_puts_every_record_through_both_stores_and_leaves_none_pending() {
+    fn a_cycle_puts_every_record_through_each_store_and_leaves_none_pending() {
         let args = CycleArgs {
             records: 2_345,
             batch: 100,
@@ -275,11 +301,15 @@ mod tests {
         };
         let rounds = store_cycle(&args).unwrap();
         assert_eq!(rounds.len(), 2);
+        // (Each store run also checks that every record came from memory when kept, and none
+        // otherwise.)
         for c in &rounds {
-            assert!(c.baseline_ns > 0.0 && c.apply_ns > 0.0 && c.get_ns > 0.0);
-            assert!(c.remove_ns > 0.0);
-            // The writer's share runs on the thread whose wall time is measured.
-            assert!(c.apply_ns + c.get_ns <= c.store_ns);
+            assert!(c.baseline_ns > 0.0);
+            for p in [c.store, c.kept] {
+                assert!(p.apply_ns > 0.0 && p.get_ns > 0.0 && p.remove_ns > 0.0);
+                // The writer's share runs on the thread whose wall time is measured.
+                assert!(p.apply_ns + p.get_ns <= p.wall_ns);
+            }
         }
         let zero = CycleArgs { batch: 0, ..args };
         assert!(store_cycle(&zero)

@@ -14,7 +14,7 @@
 mod cycle;
 mod e2e;
 
-pub use cycle::{store_cycle, Cycle, CycleArgs};
+pub use cycle::{store_cycle, Cycle, CycleArgs, Phases};
 pub use e2e::{run_e2e, E2eArgs};
 
 use std::path::PathBuf;
@@ -103,7 +103,7 @@ pub fn head_seek(args: &HeadSeekArgs) -> Result<HeadSeek, FillError> {
         source: "delay.bench".into(),
     };
     fill(&fill_args)?;
-    let store = Store::open(dir.path(), StoreOptions { sync: false })?;
+    let store = Store::open(dir.path(), StoreOptions::durable_only(false))?;
     let to_delete = args.count.saturating_sub(args.keep);
     let started = Instant::now();
     let mut deleted = 0u64;
@@ -145,7 +145,7 @@ pub fn head_seek(args: &HeadSeekArgs) -> Result<HeadSeek, FillError> {
         count: args.keep,
         ..fill_args
     })?;
-    let base = Store::open(base_dir.path(), StoreOptions { sync: false })?;
+    let base = Store::open(base_dir.path(), StoreOptions::durable_only(false))?;
     let baseline_ns = median_ns(1_001, || {
         std::hint::black_box(base.first_due_from(0).ok());
     });
@@ -200,7 +200,7 @@ const FILL_BATCH: u64 = 10_000;
 pub fn fill(args: &FillArgs) -> Result<Filled, FillError> {
     let spread = parse_duration_ms(&args.spread)
         .map_err(|e| FillError::Flag(format!("--spread {}: {e}", args.spread)))?;
-    let store = Store::open(&args.data_dir, StoreOptions { sync: false })?;
+    let store = Store::open(&args.data_dir, StoreOptions::durable_only(false))?;
     let pid = store.partition_id(&args.source, 0)?;
     let first = store.next_offset(pid)?.unwrap_or(0);
     let now = SystemClock.now_ms();

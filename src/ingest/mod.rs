@@ -409,7 +409,7 @@ impl Ingest {
         if !dead.is_empty() {
             self.dead_letters(&dead).await;
         }
-        let Some(applied) = self.apply(ops).await else {
+        let Some(applied) = self.apply(ops, now).await else {
             // Stopping while RocksDB refuses writes: no offset is stored for this group, so
             // Kafka delivers it again after the restart.
             return;
@@ -453,7 +453,9 @@ impl Ingest {
         self.dead.deliver_all(dead, Duration::from_secs(60)).await;
     }
 
-    async fn apply(&self, ops: Vec<IngestOp>) -> Option<crate::store::Applied> {
+    /// Writes the group's effects (records that arrived at `now`), retrying until RocksDB takes
+    /// them or the broker stops.
+    async fn apply(&self, ops: Vec<IngestOp>, now: u64) -> Option<crate::store::Applied> {
         // Shared with the blocking write, not copied: a retry after a failed write uses it again.
         let ops = Arc::new(ops);
         let mut delay = Duration::from_millis(100);
@@ -463,7 +465,7 @@ impl Ingest {
             }
             let store = self.store.clone();
             let batch = ops.clone();
-            match tokio::task::spawn_blocking(move || store.apply(&batch)).await {
+            match tokio::task::spawn_blocking(move || store.apply_at(&batch, now)).await {
                 Ok(Ok(applied)) => {
                     self.store_healthy.store(true, Ordering::Relaxed);
                     return Some(applied);

@@ -221,7 +221,7 @@ impl Publisher {
         let store = self.store.clone();
         let read = tokio::task::spawn_blocking(move || {
             let read_at = store.changes();
-            store.get(&ids).map(|records| (read_at, records))
+            store.get_for_firing(&ids).map(|records| (read_at, records))
         });
         let (read_at, records) = match read.await {
             Ok(Ok(r)) => r,

@@ -39,6 +39,7 @@
 //! delete after delivery can remove it meanwhile.
 
 pub mod codec;
+pub mod near;
 mod read;
 pub mod stats;
 pub mod wal;
@@ -127,6 +128,22 @@ pub struct StoreOptions {
     /// fsync the write-ahead log on every ingest batch (a group of records) and operator
     /// change; deletes after delivery are synced as [`wal`] says.
     pub sync: bool,
+    /// Records due within this many ms of their arrival are also kept in memory until they
+    /// fire ([`near`]); see [`Store::apply_at`].
+    pub keep_within_ms: u64,
+    /// At most this many bytes of them (0: none).
+    pub keep_bytes: usize,
+}
+
+impl StoreOptions {
+    /// Options that keep nothing in memory (tests and tools that only read or load).
+    pub fn durable_only(sync: bool) -> Self {
+        Self {
+            sync,
+            keep_within_ms: 0,
+            keep_bytes: 0,
+        }
+    }
 }
 
 /// One step of an ingest batch: what a consumed record does to the state.
@@ -241,6 +258,11 @@ pub struct Store {
     /// both are taken. Lost in a crash: those entries then stay in the index, are loaded at
     /// start, find no record and are gathered again ([`Store::forget_due`]).
     due_garbage: Mutex<Vec<[u8; 16]>>,
+    /// Records due soon, in memory as well (see [`near`]). Locked after `mutex` where both are
+    /// taken; the read before publishing takes only this one.
+    near: Mutex<near::Near>,
+    /// [`StoreOptions::keep_within_ms`].
+    keep_within_ms: u64,
     path: PathBuf,
 }
 
@@ -281,6 +303,8 @@ impl Store {
             low_water: AtomicU64::new(0),
             changes: AtomicU64::new(0),
             due_garbage: Mutex::default(),
+            near: Mutex::new(near::Near::new(options.keep_bytes)),
+            keep_within_ms: options.keep_within_ms,
             path: path.to_owned(),
         };
         store.load_partitions()?;

@@ -13,32 +13,72 @@ use super::{
 
 impl Store {
     /// How many pending records were deleted or moved by anything but a delete after delivery
-    /// so far. Read it before [`Store::get`] and give it to [`Store::remove_delivered`].
+    /// so far. Read it before [`Store::get_for_firing`] and give it to [`Store::remove_delivered`].
     pub fn changes(&self) -> u64 {
         self.changes.load(std::sync::atomic::Ordering::Acquire)
     }
 
-    /// Reads pending records; `None` for one that was cancelled, replaced or already fired.
+    /// Reads pending records from RocksDB; `None` for one that was cancelled, replaced or
+    /// already fired.
     ///
     /// # Errors
     /// A read failure or an undecodable record.
     pub fn get(&self, ids: &[RecordId]) -> Result<Vec<Option<StoredRecord>>> {
-        let keys: Vec<[u8; 8]> = ids.iter().map(|id| id.to_bytes()).collect();
-        self.db
-            .batched_multi_get_cf(self.cf(CF_RECORDS), keys.iter(), false)
-            .into_iter()
-            .map(|r| match r.map_err(io("record read"))? {
-                None => Ok(None),
-                Some(bytes) => {
-                    StoredRecord::from_bytes(bytes.to_vec())
-                        .map(Some)
-                        .map_err(|detail| StoreError::Corrupt {
-                            what: "records",
-                            detail,
-                        })
-                }
-            })
-            .collect()
+        let mut found = Vec::with_capacity(ids.len());
+        found.resize_with(ids.len(), || None);
+        self.read_missing(ids, found)
+    }
+
+    /// [`Store::get`] for records about to be published: those kept in memory
+    /// ([`Store::apply_at`]) are taken from there (and leave it), the others are read.
+    ///
+    /// # Errors
+    /// A read failure or an undecodable record.
+    pub fn get_for_firing(&self, ids: &[RecordId]) -> Result<Vec<Option<StoredRecord>>> {
+        let mut found: Vec<Option<StoredRecord>> = Vec::with_capacity(ids.len());
+        {
+            let mut near = self.near.lock().unwrap_or_else(|e| e.into_inner());
+            if near.enabled() {
+                found.extend(ids.iter().map(|&id| near.take(id)));
+            } else {
+                found.resize_with(ids.len(), || None);
+            }
+        }
+        self.read_missing(ids, found)
+    }
+
+    /// Reads from RocksDB, in one batched read, the records of `ids` not in `found` yet.
+    fn read_missing(
+        &self,
+        ids: &[RecordId],
+        mut found: Vec<Option<StoredRecord>>,
+    ) -> Result<Vec<Option<StoredRecord>>> {
+        let missing: Vec<usize> = (0..ids.len()).filter(|&i| found[i].is_none()).collect();
+        if missing.is_empty() {
+            return Ok(found);
+        }
+        let keys: Vec<[u8; 8]> = missing.iter().map(|&i| ids[i].to_bytes()).collect();
+        let read = self
+            .db
+            .batched_multi_get_cf(self.cf(CF_RECORDS), keys.iter(), false);
+        for (i, r) in missing.into_iter().zip(read) {
+            if let Some(bytes) = r.map_err(io("record read"))? {
+                let record = StoredRecord::from_bytes(bytes.to_vec()).map_err(|detail| {
+                    StoreError::Corrupt {
+                        what: "records",
+                        detail,
+                    }
+                })?;
+                found[i] = Some(record);
+            }
+        }
+        Ok(found)
+    }
+
+    /// Records kept in memory now ([`Store::apply_at`]), the bytes they count for, and how
+    /// many were taken from memory instead of read, since the store was opened.
+    pub fn kept_in_memory(&self) -> (usize, usize, u64) {
+        self.near.lock().unwrap_or_else(|e| e.into_inner()).stats()
     }
 
     /// Calls `f(due, id)` for every pending record in due-time order (one ordered scan of the

@@ -6,7 +6,7 @@ use std::time::Duration;
 use tempfile::TempDir;
 
 fn open(dir: &TempDir) -> Store {
-    Store::open(dir.path(), StoreOptions { sync: false }).expect("open store")
+    Store::open(dir.path(), StoreOptions::durable_only(false)).expect("open store")
 }
 
 fn sched(id: Option<&str>, due: u64, value: &str) -> StoredRecord {
@@ -248,7 +248,7 @@ fn a_delete_after_delivery_with_nothing_changed_since_the_read_removes_every_rec
 #[test]
 fn with_sync_a_delete_after_delivery_defers_its_fsync_until_a_synced_write_or_a_pause() {
     let dir = TempDir::new().unwrap();
-    let mut store = Store::open(dir.path(), StoreOptions { sync: true }).expect("open store");
+    let mut store = Store::open(dir.path(), StoreOptions::durable_only(true)).expect("open store");
     // An hour between the deletes' own fsyncs, so that the interval never runs out here.
     store.wal = wal::WalSync::new(true, Duration::from_secs(3600));
     let (read_at, read) = read_three(&store, None);
@@ -455,6 +455,12 @@ enum Op {
     Cancel {
         id: u8,
     },
+    /// One batch: a record with an id, then another with the same id or a cancel of it.
+    Pair {
+        id: u8,
+        due: u64,
+        then: Option<u64>,
+    },
     /// Deliver what is due up to `upto`, but for the records whose offset is `keep` modulo 3.
     Fire {
         upto: u64,
@@ -476,6 +482,8 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         4 => (prop::option::of(0u8..4), 0u64..100).prop_map(|(id, due)| Op::Schedule { id, due }),
         1 => (0u8..4).prop_map(|id| Op::Cancel { id }),
+        1 => (0u8..4, 0u64..100, prop::option::of(0u64..100))
+            .prop_map(|(id, due, then)| Op::Pair { id, due, then }),
         2 => (0u64..100, 0u64..4).prop_map(|(upto, keep)| Op::Fire { upto, keep }),
         1 => Just(Op::Reopen),
         1 => (0usize..8).prop_map(|nth| Op::AdminCancel { nth }),
@@ -489,10 +497,18 @@ proptest! {
     /// The store against a model map: after any sequence of schedules, reschedules, cancels,
     /// fires, operator cancels and moves, and reopens, the due index holds exactly the model's
     /// records, in due order, and the counts by target (kept in every write batch and read back
-    /// at a reopen) agree with it.
+    /// at a reopen) agree with it. With records due by 50 kept in memory as well (`keep_bytes`
+    /// of them: none, a few, all), what is read is still the model's.
     #[test]
-    fn store_matches_a_model(ops in prop::collection::vec(op(), 1..40)) {
+    fn store_matches_a_model(
+        ops in prop::collection::vec(op(), 1..40),
+        keep_bytes in prop_oneof![Just(0usize), Just(700), Just(1 << 20)],
+    ) {
         let dir = TempDir::new().unwrap();
+        let options = StoreOptions { sync: false, keep_within_ms: 50, keep_bytes };
+        let open = |dir: &TempDir| Store::open(dir.path(), options).expect("open store");
+        // Records arrive at 0: those due by 50 are kept in memory as well.
+        let apply = |store: &Store, ops: &[IngestOp]| store.apply_at(ops, 0).map(|_| ());
         let mut store = open(&dir);
         let pid = store.partition_id("delay.in", 0).unwrap();
         // (due, id) -> (delay-id, target)
@@ -506,14 +522,28 @@ proptest! {
                     }
                     let target = format!("t{}", due % 3);
                     let s = sched_to(&target, id.map(|i| format!("id{i}")).as_deref(), due, "v");
-                    store.apply(&[IngestOp::Schedule { pid, offset, schedule: s }]).unwrap();
+                    apply(&store, &[IngestOp::Schedule { pid, offset, schedule: s }]).unwrap();
                     model.insert((due, RecordId::new(pid, offset).unwrap()), (id, target));
                     offset += 1;
                 }
                 Op::Cancel { id } => {
                     model.retain(|_, v| v.0 != Some(id));
-                    store.apply(&[IngestOp::Cancel { pid, offset, id: format!("id{id}").into_bytes() }]).unwrap();
+                    apply(&store, &[IngestOp::Cancel { pid, offset, id: format!("id{id}").into_bytes() }]).unwrap();
                     offset += 1;
+                }
+                Op::Pair { id, due, then } => {
+                    model.retain(|_, v| v.0 != Some(id));
+                    let name = format!("id{id}");
+                    let first = IngestOp::Schedule { pid, offset, schedule: sched_to("t0", Some(&name), due, "v") };
+                    let second = match then {
+                        Some(due) => IngestOp::Schedule { pid, offset: offset + 1, schedule: sched_to("t1", Some(&name), due, "w") },
+                        None => IngestOp::Cancel { pid, offset: offset + 1, id: name.into_bytes() },
+                    };
+                    apply(&store, &[first, second]).unwrap();
+                    if let Some(due) = then {
+                        model.insert((due, RecordId::new(pid, offset + 1).unwrap()), (Some(id), "t1".into()));
+                    }
+                    offset += 2;
                 }
                 Op::Fire { upto, keep } => {
                     // Every third one stays behind unless `keep` is 3: delivered records with
@@ -521,7 +551,7 @@ proptest! {
                     let stays = |r: &RecordId| r.offset() as u64 % 3 == keep;
                     let due: Vec<RecordId> = pending(&store).into_iter().filter(|(d, r)| *d <= upto && !stays(r)).map(|(_, r)| r).collect();
                     let read_at = store.changes();
-                    let recs = store.get(&due).unwrap();
+                    let recs = store.get_for_firing(&due).unwrap();
                     // What the publisher reads is the record as it is now: pending, at its
                     // current due time.
                     for (r, rec) in due.iter().zip(&recs) {
@@ -534,7 +564,7 @@ proptest! {
                         .map(|o| RecordId::new(pid, o).unwrap())
                         .filter(|r| !model.keys().any(|(_, m)| m == r))
                         .collect();
-                    prop_assert!(store.get(&gone).unwrap().iter().all(Option::is_none), "a gone record was read");
+                    prop_assert!(store.get_for_firing(&gone).unwrap().iter().all(Option::is_none), "a gone record was read");
                     let fired: Vec<(RecordId, &StoredRecord)> = due.iter().zip(recs.iter()).filter_map(|(r, rec)| rec.as_ref().map(|rec| (*r, rec))).collect();
                     // The publisher's delete (its due-index entries gathered) or the one that
                     // deletes them at once.
@@ -849,4 +879,78 @@ fn due_entries_of_delivered_records_are_gathered_deleted_as_ranges_and_forgotten
         .unwrap()
         .inserted[0];
     assert_eq!(pending(&store)[0], later);
+}
+
+#[test]
+fn records_due_soon_fire_from_memory_and_leave_it_before_a_cancel_or_move_reaches_rocksdb() {
+    let dir = TempDir::new().unwrap();
+    let options = StoreOptions {
+        sync: false,
+        keep_within_ms: 1_000,
+        keep_bytes: 1 << 20,
+    };
+    let store = Store::open(dir.path(), options).unwrap();
+    let pid = store.partition_id("delay.in", 0).unwrap();
+    let at = |offset, due, id: Option<&str>| IngestOp::Schedule {
+        pid,
+        offset,
+        schedule: sched(id, due, "v"),
+    };
+    let rid = |offset| RecordId::new(pid, offset).unwrap();
+    // Arriving at 1,000: due by 2,000 is kept, 5,000 is not.
+    store
+        .apply_at(
+            &[
+                at(0, 1_500, None),
+                at(1, 1_500, Some("x")),
+                at(2, 1_800, None),
+                at(3, 5_000, None),
+            ],
+            1_000,
+        )
+        .unwrap();
+    assert_eq!(store.kept_in_memory().0, 3);
+    // An operator's cancel and move take the record out of memory first.
+    assert!(store.cancel(rid(1)).unwrap().is_some());
+    assert_eq!(store.reschedule(rid(2), 1_900).unwrap(), Some(1_800));
+    assert_eq!(store.kept_in_memory().0, 1);
+    // An operator's read leaves it there.
+    assert_eq!(
+        store.get(&[rid(0)]).unwrap()[0],
+        Some(sched(None, 1_500, "v"))
+    );
+    assert_eq!(store.kept_in_memory().0, 1);
+    let got = store
+        .get_for_firing(&[rid(0), rid(1), rid(2), rid(3)])
+        .unwrap();
+    let dues: Vec<Option<u64>> = got.iter().map(|r| r.as_ref().map(|r| r.due_ms())).collect();
+    assert_eq!(dues, vec![Some(1_500), None, Some(1_900), Some(5_000)]);
+    assert_eq!(
+        got[0],
+        Some(sched(None, 1_500, "v")),
+        "the record as written"
+    );
+    // Only the first came from memory, and it has left it.
+    assert_eq!(store.kept_in_memory(), (0, 0, 1));
+    // A replacement and a cancel arriving through ingest do the same.
+    store.apply_at(&[at(4, 1_200, Some("y"))], 1_000).unwrap();
+    store.apply_at(&[at(5, 1_300, Some("y"))], 1_000).unwrap();
+    store
+        .apply_at(
+            &[IngestOp::Cancel {
+                pid,
+                offset: 6,
+                id: b"y".to_vec(),
+            }],
+            1_000,
+        )
+        .unwrap();
+    assert_eq!(
+        store.get_for_firing(&[rid(4), rid(5)]).unwrap(),
+        vec![None, None]
+    );
+    assert_eq!(store.kept_in_memory(), (0, 0, 1));
+    // `apply` keeps nothing.
+    store.apply(&[at(7, 1_100, None)]).unwrap();
+    assert_eq!(store.kept_in_memory().0, 0);
 }

@@ -25,7 +25,24 @@ impl Store {
     /// # Errors
     /// A read or write failure; nothing is written then.
     pub fn apply(&self, ops: &[IngestOp]) -> Result<Applied> {
+        self.apply_keeping(ops, None)
+    }
+
+    /// [`Store::apply`] for records that arrived at `now_ms`: those due by `now_ms` plus
+    /// [`StoreOptions::keep_within_ms`](super::StoreOptions) are also kept in memory until
+    /// they fire, as far as their bytes fit ([`near`](super::near)), so firing them reads
+    /// nothing.
+    ///
+    /// # Errors
+    /// A read or write failure; nothing is written or kept then.
+    pub fn apply_at(&self, ops: &[IngestOp], now_ms: u64) -> Result<Applied> {
+        self.apply_keeping(ops, Some(now_ms))
+    }
+
+    fn apply_keeping(&self, ops: &[IngestOp], now_ms: Option<u64>) -> Result<Applied> {
         let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        // Records this batch deletes leave memory before RocksDB (see `near`).
+        let mut forget = Vec::new();
         // Counts change only once the batch is written.
         let mut counted = Changes::default();
         let mut new_targets: HashMap<RecordId, &str, BuildMul> = HashMap::default();
@@ -48,6 +65,7 @@ impl Store {
                     if let Some(id) = schedule.id() {
                         let key = id_key(pid, id);
                         if let Some((old, old_due)) = self.lookup_id(&overlay, &key)? {
+                            forget.push(old);
                             let target = self.target_of(&new_targets, old, old_due)?;
                             counted.push(target, old_due, false);
                             batch.delete_cf(records, old.to_bytes());
@@ -75,6 +93,7 @@ impl Store {
                     let key = id_key(pid, id);
                     match self.lookup_id(&overlay, &key)? {
                         Some((old, old_due)) => {
+                            forget.push(old);
                             let target = self.target_of(&new_targets, old, old_due)?;
                             counted.push(target, old_due, false);
                             batch.delete_cf(records, old.to_bytes());
@@ -94,7 +113,11 @@ impl Store {
         }
         let counted = counted.sum();
         self.put_counts(&mut batch, &stats, &counted);
+        self.forget_near(forget);
         self.write_required(batch, "ingest write")?;
+        if let Some(now_ms) = now_ms {
+            self.keep_near(ops, now_ms);
+        }
         self.pending.fetch_add(delta, Ordering::Relaxed);
         if applied.replaced + applied.cancelled > 0 {
             self.changes.fetch_add(1, Ordering::Release);
@@ -104,6 +127,48 @@ impl Store {
         }
         stats.apply(&counted);
         Ok(applied)
+    }
+
+    /// Keeps the records of a written batch due by `now_ms` plus the window in memory. A
+    /// record a later op of the same batch replaced or cancelled is not pending: only the last
+    /// op on an id is kept, and nothing after a cancel of it.
+    fn keep_near(&self, ops: &[IngestOp], now_ms: u64) {
+        let until = now_ms.saturating_add(self.keep_within_ms);
+        let mut near = self.near.lock().unwrap_or_else(|e| e.into_inner());
+        if !near.enabled() {
+            return;
+        }
+        let mut ids_seen: HashSet<(Pid, &[u8])> = HashSet::new();
+        // Backwards: the last op on an id decides.
+        for op in ops.iter().rev() {
+            match op {
+                IngestOp::Schedule { schedule, .. } => {
+                    let (pid, offset) = op.position();
+                    if let Some(id) = schedule.id() {
+                        if !ids_seen.insert((pid, id)) {
+                            continue;
+                        }
+                    }
+                    if schedule.due_ms() <= until {
+                        if let Some(rid) = RecordId::new(pid, offset) {
+                            near.insert(rid, schedule, now_ms);
+                        }
+                    }
+                }
+                IngestOp::Cancel { pid, id, .. } => {
+                    ids_seen.insert((*pid, id));
+                }
+                IngestOp::Skip { .. } => {}
+            }
+        }
+    }
+
+    /// Takes records out of memory before RocksDB deletes or moves them.
+    fn forget_near(&self, ids: impl IntoIterator<Item = RecordId>) {
+        let mut near = self.near.lock().unwrap_or_else(|e| e.into_inner());
+        for id in ids {
+            near.forget(id);
+        }
     }
 
     /// The target of a pending record: from this batch, or from its due-index entry.
@@ -168,7 +233,7 @@ impl Store {
         self.remove(fired, None)
     }
 
-    /// [`Store::remove_fired`] for records read by [`Store::get`] after [`Store::changes`]
+    /// [`Store::remove_fired`] for records read by [`Store::get_for_firing`] after [`Store::changes`]
     /// returned `read_at`, each claimed before it was read so that no other delete after
     /// delivery can remove it (the publisher's in-flight set). While the count is still
     /// `read_at`, nothing else has deleted or moved a pending record since, so every one of
@@ -467,6 +532,7 @@ impl Store {
     /// A read or write failure; nothing changes then.
     pub fn cancel(&self, rid: RecordId) -> Result<Option<StoredRecord>> {
         let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        self.forget_near([rid]);
         let Some(rec) = self.get(&[rid])?.pop().flatten() else {
             return Ok(None);
         };
@@ -493,6 +559,7 @@ impl Store {
     /// A read or write failure; nothing changes then.
     pub fn reschedule(&self, rid: RecordId, due_ms: u64) -> Result<Option<u64>> {
         let mut stats = self.mutex.lock().unwrap_or_else(|e| e.into_inner());
+        self.forget_near([rid]);
         let Some(mut rec) = self.get(&[rid])?.pop().flatten() else {
             return Ok(None);
         };
