@@ -218,12 +218,17 @@ impl Publisher {
             return;
         }
         let ids: Vec<RecordId> = batch.iter().map(|d| d.id).collect();
-        let store = self.store.clone();
-        let read = tokio::task::spawn_blocking(move || {
-            let read_at = store.changes();
-            store.get_for_firing(&ids).map(|records| (read_at, records))
-        });
-        let (read_at, records) = match read.await {
+        // `Store::get_for_firing` in two halves: records kept in memory are taken here; only
+        // when some were not does a blocking thread read the rest from RocksDB.
+        let read_at = self.store.changes();
+        let kept = self.store.take_kept(&ids);
+        let read = if kept.iter().all(Option::is_some) {
+            Ok(Ok(kept))
+        } else {
+            let store = self.store.clone();
+            tokio::task::spawn_blocking(move || store.read_missing(&ids, kept)).await
+        };
+        let records = match read {
             Ok(Ok(r)) => r,
             other => {
                 let why = match other {

@@ -35,20 +35,28 @@ impl Store {
     /// # Errors
     /// A read failure or an undecodable record.
     pub fn get_for_firing(&self, ids: &[RecordId]) -> Result<Vec<Option<StoredRecord>>> {
-        let mut found: Vec<Option<StoredRecord>> = Vec::with_capacity(ids.len());
-        {
-            let mut near = self.near.lock().unwrap_or_else(|e| e.into_inner());
-            if near.enabled() {
-                found.extend(ids.iter().map(|&id| near.take(id)));
-            } else {
-                found.resize_with(ids.len(), || None);
-            }
-        }
-        self.read_missing(ids, found)
+        self.read_missing(ids, self.take_kept(ids))
     }
 
-    /// Reads from RocksDB, in one batched read, the records of `ids` not in `found` yet.
-    fn read_missing(
+    /// The first half of [`Store::get_for_firing`], which never blocks on I/O: takes the
+    /// records of `ids` kept in memory, `None` for the others.
+    pub fn take_kept(&self, ids: &[RecordId]) -> Vec<Option<StoredRecord>> {
+        let mut found: Vec<Option<StoredRecord>> = Vec::with_capacity(ids.len());
+        let mut near = self.near.lock().unwrap_or_else(|e| e.into_inner());
+        if near.enabled() {
+            found.extend(ids.iter().map(|&id| near.take(id)));
+        } else {
+            found.resize_with(ids.len(), || None);
+        }
+        found
+    }
+
+    /// The second half: reads from RocksDB, in one batched read, the records of `ids` not in
+    /// `found` (their `None`s); `None` for one that is not pending.
+    ///
+    /// # Errors
+    /// A read failure or an undecodable record.
+    pub fn read_missing(
         &self,
         ids: &[RecordId],
         mut found: Vec<Option<StoredRecord>>,
