@@ -4,8 +4,11 @@
 //!
 //! A copy, never the only one: every record here is also in the `records` column, and a record
 //! not found here is read from there. The store keeps it true (see `Store::get_for_firing`):
-//! - a record goes in only after the batch that wrote it, under the store's mutex, and only if
-//!   it is due by the cut-off ingest gives (its arrival plus `--keep-in-memory-within`);
+//! - a record goes in with the batch that writes it, under the store's mutex, just before the
+//!   write (so nothing can find it in RocksDB without finding the copy, and fire it twice: once
+//!   read, once from a copy kept after the read), and only if it is due by the cut-off ingest
+//!   gives (its arrival plus `--keep-in-memory-within`). If the write fails, no timer exists
+//!   for the copy; ingest writes the same batch again, which replaces it;
 //! - a record leaves when it is read for firing, and **before** anything deletes or moves it in
 //!   RocksDB (a cancel, a replacement, an operator's cancel or move), so a read after that sees
 //!   RocksDB's answer;

@@ -34,7 +34,7 @@ impl Store {
     /// nothing.
     ///
     /// # Errors
-    /// A read or write failure; nothing is written or kept then.
+    /// A read or write failure; nothing is written then.
     pub fn apply_at(&self, ops: &[IngestOp], now_ms: u64) -> Result<Applied> {
         self.apply_keeping(ops, Some(now_ms))
     }
@@ -114,10 +114,14 @@ impl Store {
         let counted = counted.sum();
         self.put_counts(&mut batch, &stats, &counted);
         self.forget_near(forget);
-        self.write_required(batch, "ingest write")?;
+        // Kept before the write, under the mutex: whatever finds a record in RocksDB (the
+        // scheduler's reads of the due index, or the timer ingest hands over afterwards) then
+        // finds its copy too; a copy left after a failed write has no timer and is replaced
+        // when ingest writes the batch again (see `near`).
         if let Some(now_ms) = now_ms {
             self.keep_near(ops, now_ms);
         }
+        self.write_required(batch, "ingest write")?;
         self.pending.fetch_add(delta, Ordering::Relaxed);
         if applied.replaced + applied.cancelled > 0 {
             self.changes.fetch_add(1, Ordering::Release);
@@ -129,7 +133,7 @@ impl Store {
         Ok(applied)
     }
 
-    /// Keeps the records of a written batch due by `now_ms` plus the window in memory. A
+    /// Keeps the records of a batch due by `now_ms` plus the window in memory. A
     /// record a later op of the same batch replaced or cancelled is not pending: only the last
     /// op on an id is kept, and nothing after a cancel of it.
     fn keep_near(&self, ops: &[IngestOp], now_ms: u64) {
