@@ -109,10 +109,6 @@ fn temp_dir() -> Result<tempfile::TempDir, FillError> {
     tempfile::TempDir::new().map_err(|e| FillError::Flag(format!("temporary directory: {e}")))
 }
 
-/// Records arrive this long before they are due, ms: within the broker's default
-/// `--keep-in-memory-within` (5 s) when `keep`, beyond it otherwise.
-const EARLY_MS: [u64; 2] = [60_000, 1_000];
-
 /// What the store costs per record, with records due soon kept in memory (`keep`) or not.
 fn store(args: &CycleArgs, lag: usize, keep: bool) -> Result<Phases, FillError> {
     let dir = temp_dir()?;
@@ -149,7 +145,10 @@ fn store(args: &CycleArgs, lag: usize, keep: bool) -> Result<Phases, FillError> 
                 })
                 .collect();
             let t = Instant::now();
-            let now = (1_000_000 + from / 64).saturating_sub(EARLY_MS[usize::from(keep)]);
+            // Records arrive a second before they are due when kept (within the store's 5 s
+            // below), a minute before otherwise.
+            let early_ms = if keep { 1_000 } else { 60_000 };
+            let now = (1_000_000 + from / 64).saturating_sub(early_ms);
             let applied = store.apply_at(&ops, now)?;
             let ids: Vec<RecordId> = applied.inserted.iter().map(|e| e.1).collect();
             apply_ns += t.elapsed().as_nanos();

@@ -84,19 +84,22 @@ impl Near {
         true
     }
 
-    /// Takes the record out, if kept.
+    /// Takes the record out for firing, if kept.
     pub fn take(&mut self, id: RecordId) -> Option<StoredRecord> {
-        let r = self.records.remove(&id)?;
-        self.bytes -= cost(&r);
+        let r = self.remove(id)?;
         self.hits += 1;
         Some(r)
     }
 
     /// Forgets the record (it is about to be deleted or moved in RocksDB).
     pub fn forget(&mut self, id: RecordId) {
-        if let Some(r) = self.records.remove(&id) {
-            self.bytes -= cost(&r);
-        }
+        self.remove(id);
+    }
+
+    fn remove(&mut self, id: RecordId) -> Option<StoredRecord> {
+        let r = self.records.remove(&id)?;
+        self.bytes -= cost(&r);
+        Some(r)
     }
 
     /// Records kept now, the bytes they count for, and records taken so far.

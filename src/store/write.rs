@@ -169,6 +169,10 @@ impl Store {
 
     /// Takes records out of memory before RocksDB deletes or moves them.
     fn forget_near(&self, ids: impl IntoIterator<Item = RecordId>) {
+        let mut ids = ids.into_iter().peekable();
+        if ids.peek().is_none() {
+            return;
+        }
         let mut near = self.near.lock().unwrap_or_else(|e| e.into_inner());
         for id in ids {
             near.forget(id);
