@@ -72,100 +72,16 @@ fn main() -> ExitCode {
                 }
             }
         }
-        Command::Bench(args) => match args.what {
-            kafka_delay::bench::BenchCommand::Fill(fill) => match kafka_delay::bench::fill(&fill) {
-                Ok(f) => {
-                    println!(
-                        "filled {} records in {:.1} s ({:.0}/s) into {}",
-                        f.count,
-                        f.seconds,
-                        f.count as f64 / f.seconds,
-                        fill.data_dir.display()
-                    );
-                    ExitCode::SUCCESS
-                }
+        Command::Bench(args) => {
+            init_logging(false);
+            match kafka_delay::bench::run(&args.what) {
+                Ok(()) => ExitCode::SUCCESS,
                 Err(e) => {
                     eprintln!("kafka-delay: {e}");
-                    ExitCode::from(2)
-                }
-            },
-            kafka_delay::bench::BenchCommand::HeadSeek(a) => {
-                match kafka_delay::bench::head_seek(&a) {
-                    Ok(h) => {
-                        println!("| deleted | head seek, low-water mark | unbounded seek | baseline (store without them) | low-water / baseline | unbounded / baseline |");
-                        println!("|---|---|---|---|---|---|");
-                        println!(
-                            "| {} | {:.0} ns | {:.0} ns | {:.0} ns | {:.2}x | {:.0}x |",
-                            h.deleted,
-                            h.low_water_ns,
-                            h.unbounded_ns,
-                            h.baseline_ns,
-                            h.low_water_ns / h.baseline_ns,
-                            h.unbounded_ns / h.baseline_ns
-                        );
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => {
-                        eprintln!("kafka-delay: {e}");
-                        ExitCode::FAILURE
-                    }
+                    ExitCode::FAILURE
                 }
             }
-            kafka_delay::bench::BenchCommand::StoreCycle(a) => {
-                match kafka_delay::bench::store_cycle(&a) {
-                    Ok(rounds) => {
-                        println!("| round | plain RocksDB ns/record | kafka-delay store, read before publishing ns/record | store / plain | in apply / get / remove_delivered ns | due soon, kept in memory ns/record | kept / plain | in apply / get / remove_delivered ns |");
-                        println!("|---|---|---|---|---|---|---|---|");
-                        let phases = |p: &kafka_delay::bench::Phases| {
-                            format!("{:.0} / {:.0} / {:.0}", p.apply_ns, p.get_ns, p.remove_ns)
-                        };
-                        for (i, c) in rounds.iter().enumerate() {
-                            println!(
-                                "| {} | {:.0} | {:.0} | {:.2} | {} | {:.0} | {:.2} | {} |",
-                                i + 1,
-                                c.baseline_ns,
-                                c.store.wall_ns,
-                                c.store.wall_ns / c.baseline_ns,
-                                phases(&c.store),
-                                c.kept.wall_ns,
-                                c.kept.wall_ns / c.baseline_ns,
-                                phases(&c.kept),
-                            );
-                        }
-                        let median = |f: &dyn Fn(&kafka_delay::bench::Cycle) -> f64| {
-                            let mut v: Vec<f64> = rounds.iter().map(f).collect();
-                            v.sort_by(f64::total_cmp);
-                            v[v.len() / 2]
-                        };
-                        println!(
-                            "median store / plain: {:.2}; kept in memory / plain: {:.2}; kept / store: {:.2}",
-                            median(&|c| c.store.wall_ns / c.baseline_ns),
-                            median(&|c| c.kept.wall_ns / c.baseline_ns),
-                            median(&|c| c.kept.wall_ns / c.store.wall_ns),
-                        );
-                        ExitCode::SUCCESS
-                    }
-                    Err(e) => {
-                        eprintln!("kafka-delay: {e}");
-                        ExitCode::from(2)
-                    }
-                }
-            }
-            kafka_delay::bench::BenchCommand::E2e(e2e) => {
-                init_logging(false);
-                let result = runtime().and_then(|rt| {
-                    rt.block_on(kafka_delay::bench::run_e2e(&e2e))
-                        .map_err(|e| anyhow::anyhow!(e))
-                });
-                match result {
-                    Ok(_) => ExitCode::SUCCESS,
-                    Err(e) => {
-                        eprintln!("kafka-delay: {e:#}");
-                        ExitCode::FAILURE
-                    }
-                }
-            }
-        },
+        }
         Command::Sandbox(args) => {
             init_logging(false);
             exit(runtime().and_then(|rt| rt.block_on(sandbox(args.brokers))))

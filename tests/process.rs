@@ -334,3 +334,43 @@ fn bench_e2e_moves_every_record_through_each_side_and_writes_the_rates() {
     let busy = rows[0]["machine_busy_percent"].as_array().unwrap();
     assert_eq!(busy.len(), 3);
 }
+
+/// `bench recovery` at a tiny size on the embedded cluster: the broker process it times comes up
+/// with every filled record pending and only those due within the horizon in its wheel, and the
+/// same records are re-consumed from Kafka in the same run.
+#[test]
+fn bench_recovery_times_a_broker_process_over_a_filled_store_and_a_reconsume_of_the_same_records() {
+    let dir = TempDir::new().unwrap();
+    let json = dir.path().join("recovery.json");
+    // 3,000 records due evenly over 3 hours: about a third within the one-hour horizon.
+    let out = Command::new("timeout")
+        .args(["180", BIN, "bench", "recovery", "--counts", "3000"])
+        .args(["--spread", "3h", "--horizon", "1h", "--settle", "0s"])
+        .arg("--work-dir")
+        .arg(dir.path())
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("| 3000 |"), "{stdout}");
+    let rows: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let row = &rows.as_array().unwrap()[0];
+    assert_eq!(row["pending"], 3000);
+    assert_eq!(row["pending_reported"], 3000, "{row}");
+    let in_wheel = row["in_wheel"].as_u64().unwrap();
+    assert!(
+        (900..=1100).contains(&in_wheel),
+        "the first hour only: {row}"
+    );
+    assert!(row["start_to_ready_s"].as_f64().unwrap() > 0.0, "{row}");
+    assert!(row["counts_restored_s"].as_f64().is_some(), "{row}");
+    assert!(row["wheel_armed_s"].as_f64().is_some(), "{row}");
+    assert!(row["rss_bytes"].as_u64().unwrap() > 1_000_000, "{row}");
+    assert!(row["reconsume_s"].as_f64().unwrap() > 0.0, "{row}");
+}

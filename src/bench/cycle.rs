@@ -18,7 +18,7 @@ use std::time::Instant;
 use clap::Args;
 use rocksdb::{WriteBatch, DB};
 
-use super::FillError;
+use super::fill::FillError;
 use crate::record::StoredRecord;
 use crate::store::{IngestOp, Pid, RecordId, Store, StoreOptions};
 
@@ -40,6 +40,9 @@ pub struct CycleArgs {
     /// Rounds; each runs the baseline, then the store, and the medians are reported.
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
+    /// Where to write the results as JSON.
+    #[arg(long, default_value = "bench-store-cycle.json")]
+    pub json: std::path::PathBuf,
 }
 
 /// Nanoseconds per record of one round.
@@ -285,6 +288,37 @@ fn baseline(args: &CycleArgs, lag: usize) -> Result<f64, FillError> {
     Ok(started.elapsed().as_nanos() as f64 / args.records as f64)
 }
 
+/// Prints the rounds as a table and the medians of their ratios.
+pub(super) fn print(rounds: &[Cycle]) {
+    println!("| round | plain RocksDB ns/record | kafka-delay store, read before publishing ns/record | store / plain | in apply / get / remove_delivered ns | due soon, kept in memory ns/record | kept / plain | in apply / get / remove_delivered ns |");
+    println!("|---|---|---|---|---|---|---|---|");
+    let phases = |p: &Phases| format!("{:.0} / {:.0} / {:.0}", p.apply_ns, p.get_ns, p.remove_ns);
+    for (i, c) in rounds.iter().enumerate() {
+        println!(
+            "| {} | {:.0} | {:.0} | {:.2} | {} | {:.0} | {:.2} | {} |",
+            i + 1,
+            c.baseline_ns,
+            c.store.wall_ns,
+            c.store.wall_ns / c.baseline_ns,
+            phases(&c.store),
+            c.kept.wall_ns,
+            c.kept.wall_ns / c.baseline_ns,
+            phases(&c.kept),
+        );
+    }
+    let median = |f: &dyn Fn(&Cycle) -> f64| {
+        let mut v: Vec<f64> = rounds.iter().map(f).collect();
+        v.sort_by(f64::total_cmp);
+        v.get(v.len() / 2).copied().unwrap_or(0.0)
+    };
+    println!(
+        "median store / plain: {:.2}; kept in memory / plain: {:.2}; kept / store: {:.2}",
+        median(&|c| c.store.wall_ns / c.baseline_ns),
+        median(&|c| c.kept.wall_ns / c.baseline_ns),
+        median(&|c| c.kept.wall_ns / c.store.wall_ns),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,6 +331,7 @@ mod tests {
             in_flight: 500,
             value_bytes: 10,
             rounds: 2,
+            json: "unused.json".into(),
         };
         let rounds = store_cycle(&args).unwrap();
         assert_eq!(rounds.len(), 2);
