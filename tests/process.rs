@@ -297,28 +297,41 @@ async fn replay_command_shows_progress_and_a_summary_and_a_dry_run_moves_nothing
     assert!(err.contains("--rate 'fast'"), "{err}");
 }
 
-/// `bench e2e` as the README's figures are made, at a tiny size on the embedded cluster: every
-/// side of a throughput round moves all its records (the stored passthrough fails the run if
-/// one is left in its RocksDB) and the JSON carries each side's rate.
-#[test]
-fn bench_e2e_moves_every_record_through_each_side_and_writes_the_rates() {
+/// Runs `kafka-delay bench <line> <extra> --json <file>` within `seconds`, asserts it
+/// succeeded, and returns its stdout and the JSON it wrote.
+fn bench(seconds: u32, line: &str, extra: &[&str]) -> (String, serde_json::Value) {
     let dir = TempDir::new().unwrap();
-    let json = dir.path().join("e2e.json");
+    let json = dir.path().join("bench.json");
     let out = Command::new("timeout")
-        .args(["120", BIN, "bench", "e2e", "--records", "2000"])
-        .args(["--value-bytes", "100", "--rounds", "1", "--partitions", "4"])
-        .args(["--sweep-for", "0s", "--json"])
+        .arg(seconds.to_string())
+        .args([BIN, "bench"])
+        .args(line.split_whitespace())
+        .args(extra)
+        .arg("--json")
         .arg(&json)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    let written = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    (stdout, written)
+}
+
+/// `bench e2e` as the README's figures are made, at a tiny size on the embedded cluster: every
+/// side of a throughput round moves all its records (the stored passthrough fails the run if
+/// one is left in its RocksDB) and the JSON carries each side's rate.
+#[test]
+fn bench_e2e_moves_every_record_through_each_side_and_writes_the_rates() {
+    let (stdout, report) = bench(
+        120,
+        "e2e --records 2000 --value-bytes 100 --rounds 1 --partitions 4 --sweep-for 0s",
+        &[],
+    );
     assert!(stdout.contains("stored passthrough rec/s"), "{stdout}");
-    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let rows = report["throughput"].as_array().unwrap();
     assert_eq!(rows.len(), 1);
     assert_eq!(rows[0]["records"], 2000);
@@ -340,26 +353,14 @@ fn bench_e2e_moves_every_record_through_each_side_and_writes_the_rates() {
 /// same records are re-consumed from Kafka in the same run.
 #[test]
 fn bench_recovery_times_a_broker_process_over_a_filled_store_and_a_reconsume_of_the_same_records() {
-    let dir = TempDir::new().unwrap();
-    let json = dir.path().join("recovery.json");
+    let work = TempDir::new().unwrap();
     // 3,000 records due evenly over 3 hours: about a third within the one-hour horizon.
-    let out = Command::new("timeout")
-        .args(["180", BIN, "bench", "recovery", "--counts", "3000"])
-        .args(["--spread", "3h", "--horizon", "1h", "--settle", "0s"])
-        .arg("--work-dir")
-        .arg(dir.path())
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+    let (stdout, rows) = bench(
+        180,
+        "recovery --counts 3000 --spread 3h --horizon 1h --settle 0s",
+        &["--work-dir", work.path().to_str().unwrap()],
     );
     assert!(stdout.contains("| 3000 |"), "{stdout}");
-    let rows: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let row = &rows.as_array().unwrap()[0];
     assert_eq!(row["pending"], 3000);
     assert_eq!(row["pending_reported"], 3000, "{row}");
