@@ -70,7 +70,7 @@ where
 /// each group costs one fsync: groups of up to 2,048 instead of 512 took 210 fsyncs instead of
 /// 503 for 200,000 records and raised the rate with `sync` in 6 of 6 pairs. Without it, groups
 /// that large kept a runtime worker from the publisher for longer: delivery p99 at 43.5K
-/// records/s was higher in 3 of 3 pairs (BENCHMARKS.md, section 3, session 15).
+/// records/s was higher in 3 of 3 pairs (BENCHMARKS.md, "What was tried").
 pub fn max_group(sync: bool) -> usize {
     if sync {
         2_048
