@@ -181,14 +181,14 @@ pub async fn start(
         .build()
         .map_err(StartError::Scheduler)?;
     let stop_scheduler = stop_rest_rx.clone();
-    let short_slice = config.short_scheduler_slice;
+    let slice_wanted = config.scheduler_slice;
     let scheduler = std::thread::Builder::new()
         .name("scheduler".into())
         .spawn(move || {
-            // A short slice gets the thread onto a core soon after its timer fires when the
-            // machine is busy, at some throughput (crate::slice).
-            if short_slice {
-                match slice::request(slice::SCHEDULER) {
+            // A slice of its own gets the thread onto a core soon after its timer fires when
+            // the machine is busy (crate::slice).
+            if let Some(want) = slice_wanted {
+                match slice::request(want) {
                     Ok(Some(s)) => info!(slice_us = s.as_micros(), "scheduler thread's time slice"),
                     Ok(None) => {
                         info!("the kernel keeps its own time slice for the scheduler thread")

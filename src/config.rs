@@ -6,6 +6,7 @@
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use regex::Regex;
@@ -109,11 +110,20 @@ pub struct RunArgs {
     /// fsync RocksDB's write-ahead log on every ingest batch (group commit).
     #[arg(long, env = "KAFKA_DELAY_SYNC")]
     pub sync: bool,
-    /// Run the scheduler's thread with a 0.1 ms CPU time slice (Linux 6.12+, no privilege
-    /// needed): on a busy machine it fires closer to the due millisecond (wheel p99 at most 2 ms
-    /// in 8 of 11 runs instead of 3 of 11), at about 8% more CPU per record at full throughput
-    /// (BENCHMARKS.md, section 4).
-    #[arg(long, env = "KAFKA_DELAY_SHORT_SCHEDULER_SLICE")]
+    /// The CPU time slice the scheduler's thread asks Linux for (6.12+, no privilege needed;
+    /// 100us to 100ms, or 0 for the kernel's own). A thread with a slice of its own gets a core
+    /// sooner after its timer fires on a busy machine: with 1ms the wheel's p99 was at most
+    /// 2 ms in 9 of 12 runs at 70% of the sustained rate, against 1 of 15 with the kernel's,
+    /// at the same CPU per record at full throughput (BENCHMARKS.md, section 4).
+    #[arg(long, env = "KAFKA_DELAY_SCHEDULER_SLICE", default_value = "1ms")]
+    pub scheduler_slice: String,
+    /// Shorthand for `--scheduler-slice 100us`, the shortest the kernel grants: the wheel's p99
+    /// at most 2 ms in 11 of 11 runs, for about 4% more CPU per record at full throughput.
+    #[arg(
+        long,
+        env = "KAFKA_DELAY_SHORT_SCHEDULER_SLICE",
+        conflicts_with = "scheduler_slice"
+    )]
     pub short_scheduler_slice: bool,
     /// Attempts for a delivery that fails permanently (unknown target, denied, too large) before
     /// the record goes to the dead-letter topic. Transient failures are retried without limit.
@@ -203,8 +213,8 @@ pub struct Config {
     pub contract: Contract,
     /// fsync per batch.
     pub sync: bool,
-    /// Whether the scheduler's thread asks for a 0.1 ms time slice.
-    pub short_scheduler_slice: bool,
+    /// The time slice the scheduler's thread asks for; `None` keeps the kernel's own.
+    pub scheduler_slice: Option<Duration>,
     /// Attempts before a permanently failing delivery is dead-lettered.
     pub fire_max_attempts: u32,
     /// Backoff cap, ms.
@@ -405,6 +415,11 @@ impl RunArgs {
             None if self.no_static_membership => None,
             None => Some(default_instance_id()),
         };
+        let scheduler_slice = if self.short_scheduler_slice {
+            Some(crate::slice::SHORTEST)
+        } else {
+            scheduler_slice(&self.scheduler_slice)?
+        };
         Ok(Config {
             brokers,
             embedded_kafka: self.embedded_kafka,
@@ -417,7 +432,7 @@ impl RunArgs {
             dead_letter_partitions: self.dead_letter_partitions,
             contract,
             sync: self.sync,
-            short_scheduler_slice: self.short_scheduler_slice,
+            scheduler_slice,
             fire_max_attempts: self.fire_max_attempts,
             fire_backoff_max_ms,
             horizon_ms,
@@ -464,6 +479,27 @@ impl RunArgs {
             default,
             by_target,
         })
+    }
+}
+
+/// `--scheduler-slice`: `0` (the kernel's own), `<n>us`, or a duration in milliseconds and up,
+/// within what the kernel grants a normal thread.
+fn scheduler_slice(text: &str) -> Result<Option<Duration>, ConfigError> {
+    if text == "0" {
+        return Ok(None);
+    }
+    let slice = match text.strip_suffix("us") {
+        Some(n) => n.parse().ok().map(Duration::from_micros),
+        None => parse_duration_ms(text).ok().map(Duration::from_millis),
+    };
+    match slice {
+        Some(s) if (crate::slice::SHORTEST..=crate::slice::LONGEST).contains(&s) => Ok(Some(s)),
+        Some(_) => Err(ConfigError(format!(
+            "--scheduler-slice {text}: Linux grants 100us to 100ms, or give 0 to keep the kernel's own"
+        ))),
+        None => Err(ConfigError(format!(
+            "--scheduler-slice '{text}' is not a slice: give it like 1ms or 500us, or 0 to keep the kernel's own"
+        ))),
     }
 }
 
@@ -589,8 +625,8 @@ mod tests {
         let c = parse(&["--brokers", "a:1", "--no-static-membership"]).unwrap();
         assert_eq!(c.instance_id, None);
         assert!(!c.sync);
-        // Off by default: it trades about 8% of throughput for firing closer to due.
-        assert!(!c.short_scheduler_slice);
+        // A slice of its own for the scheduler's thread: closer to due, no more CPU per record.
+        assert_eq!(c.scheduler_slice, Some(Duration::from_millis(1)));
         // Records due within 5 s of arrival fire from memory, up to 64 MiB of them.
         assert_eq!((c.keep_within_ms, c.keep_bytes), (5_000, 64 << 20));
         let c = parse(&["--brokers", "a:1", "--keep-in-memory-mb", "0"]).unwrap();
@@ -604,7 +640,7 @@ mod tests {
 
     #[test]
     fn bad_flags_say_what_to_fix() {
-        let cases: [(&[&str], &str); 19] = [
+        let cases: [(&[&str], &str); 23] = [
             (
                 &["--brokers", "a:1", "--retry-default", "backoff=linear"],
                 "--retry-default: backoff 'linear': use fixed or exponential",
@@ -690,6 +726,28 @@ mod tests {
                 &["--brokers", "a:1", "--keep-in-memory-within", "soon"],
                 "--keep-in-memory-within",
             ),
+            (
+                &["--brokers", "a:1", "--scheduler-slice", "50us"],
+                "--scheduler-slice 50us: Linux grants 100us to 100ms",
+            ),
+            (
+                &["--brokers", "a:1", "--scheduler-slice", "1s"],
+                "--scheduler-slice 1s: Linux grants 100us to 100ms",
+            ),
+            (
+                &["--brokers", "a:1", "--scheduler-slice", "short"],
+                "give it like 1ms or 500us",
+            ),
+            (
+                &[
+                    "--brokers",
+                    "a:1",
+                    "--scheduler-slice",
+                    "2ms",
+                    "--short-scheduler-slice",
+                ],
+                "cannot be used with",
+            ),
         ];
         for (args, want) in cases {
             let err = parse(args).unwrap_err();
@@ -697,6 +755,29 @@ mod tests {
         }
         let err = parse(&["--brokers", "a:1", "--http-addr", "nowhere"]).unwrap_err();
         assert!(err.contains("--http-addr"), "{err}");
+    }
+
+    #[test]
+    fn the_scheduler_slice_is_given_in_microseconds_or_milliseconds_or_left_to_the_kernel() {
+        let slice = |args: &[&str]| {
+            let mut full = vec!["--brokers", "a:1"];
+            full.extend_from_slice(args);
+            parse(&full).unwrap().scheduler_slice
+        };
+        assert_eq!(slice(&[]), Some(Duration::from_millis(1)));
+        assert_eq!(
+            slice(&["--scheduler-slice", "500us"]),
+            Some(Duration::from_micros(500))
+        );
+        assert_eq!(
+            slice(&["--scheduler-slice", "3ms"]),
+            Some(Duration::from_millis(3))
+        );
+        assert_eq!(slice(&["--scheduler-slice", "0"]), None);
+        assert_eq!(
+            slice(&["--short-scheduler-slice"]),
+            Some(Duration::from_micros(100))
+        );
     }
 
     #[test]

@@ -4,14 +4,16 @@
 //! Linux's fair scheduler (EEVDF, since 6.6) gives every thread a virtual deadline of its
 //! eligible time plus its slice; a waking thread preempts the running one when its deadline is
 //! earlier. Since Linux 6.12 a normal (`SCHED_OTHER`) thread may ask for its own slice with
-//! `sched_setattr`'s `sched_runtime` (0.1-100 ms; the default here is 1.4 ms), without any
-//! privilege. A short slice does not give the thread a larger share of the CPU (its weight, the
-//! nice value, stays), only an earlier turn: the scheduler thread runs for about 30 us per wake
-//! and sleeps to the next due millisecond, which is the work that shape suits. On this 2-core
-//! machine at 70% of the sustained rate its wait on the run queue went from 169-210 to 45-63 us
-//! per wake, and the wheel's p99 was at most 2 ms in 8 of 11 runs instead of 3 of 11; but at full
-//! throughput kafka-delay used more CPU per record (1.05-1.23x in 6 of 6 pairs), so it is
-//! opt-in: `--short-scheduler-slice` (BENCHMARKS.md, section 4).
+//! `sched_setattr`'s `sched_runtime` (0.1-100 ms), without any privilege. A slice of its own
+//! does not give the thread a larger share of the CPU (its weight, the nice value, stays), only
+//! an earlier turn: the scheduler thread runs for about 30 us per wake and sleeps to the next
+//! due millisecond, which is the work that shape suits. On this 2-core machine at 70% of the
+//! sustained rate with 1M pending, the wheel's p99 was at most 2 ms in 9 of 12 runs with 1 ms,
+//! 6 of 6 with 500 us and 11 of 11 with 100 us, against 1 of 15 with the kernel's own slice.
+//! At full throughput 1 ms cost no CPU per record that 12 pairs could show (median pair ratio
+//! 0.96), 100 us about 4% (1.04 over 4 pairs; 1.05-1.23 in 6 of 6 pairs in session 15). So the
+//! broker asks for 1 ms unless told otherwise (`--scheduler-slice`; `--short-scheduler-slice`
+//! for 100 us; BENCHMARKS.md, section 4).
 //!
 //! Older kernels ignore `sched_runtime` for normal threads; [`request`] then reports `None`.
 //! This is the crate's only `unsafe` code: two system calls on a `#[repr(C)]` struct that the
@@ -21,8 +23,11 @@
 use std::io;
 use std::time::Duration;
 
-/// The slice the scheduler's thread asks for: the kernel's minimum.
-pub const SCHEDULER: Duration = Duration::from_micros(100);
+/// The shortest slice the kernel grants (`--short-scheduler-slice`).
+pub const SHORTEST: Duration = Duration::from_micros(100);
+
+/// The longest slice the kernel grants.
+pub const LONGEST: Duration = Duration::from_millis(100);
 
 /// `struct sched_attr` as of its first version (48 bytes), which every kernel since 3.14 takes.
 #[repr(C)]
@@ -145,13 +150,13 @@ mod tests {
             // A kernel that reports slices (6.12 and later) applies the requests.
             let reports = of(0).unwrap().is_some();
             let longer = request(Duration::from_millis(1)).unwrap();
-            let shorter = request(SCHEDULER).unwrap();
+            let shorter = request(SHORTEST).unwrap();
             let after = get(0).unwrap();
             assert_eq!((after.policy, after.nice), (SCHED_OTHER, 5));
             if reports {
                 assert_eq!(longer, Some(Duration::from_millis(1)));
-                assert_eq!(shorter, Some(SCHEDULER));
-                assert_eq!(of(0).unwrap(), Some(SCHEDULER));
+                assert_eq!(shorter, Some(SHORTEST));
+                assert_eq!(of(0).unwrap(), Some(SHORTEST));
             } else {
                 assert_eq!((longer, shorter), (None, None));
             }
@@ -167,7 +172,7 @@ mod tests {
         let t = std::thread::Builder::new()
             .name("slice-probe".into())
             .spawn(move || {
-                tx.send(request(SCHEDULER).unwrap()).unwrap();
+                tx.send(request(SHORTEST).unwrap()).unwrap();
                 done_rx.recv().unwrap();
             })
             .unwrap();
