@@ -19,6 +19,7 @@ use clap::Args;
 use rocksdb::{WriteBatch, DB};
 
 use super::fill::FillError;
+use super::harness::median;
 use crate::record::StoredRecord;
 use crate::store::{IngestOp, Pid, RecordId, Store, StoreOptions};
 
@@ -306,16 +307,12 @@ pub(super) fn print(rounds: &[Cycle]) {
             phases(&c.kept),
         );
     }
-    let median = |f: &dyn Fn(&Cycle) -> f64| {
-        let mut v: Vec<f64> = rounds.iter().map(f).collect();
-        v.sort_by(f64::total_cmp);
-        v.get(v.len() / 2).copied().unwrap_or(0.0)
-    };
+    let median_of = |f: &dyn Fn(&Cycle) -> f64| median(rounds.iter().map(f).collect());
     println!(
         "median store / plain: {:.2}; kept in memory / plain: {:.2}; kept / store: {:.2}",
-        median(&|c| c.store.wall_ns / c.baseline_ns),
-        median(&|c| c.kept.wall_ns / c.baseline_ns),
-        median(&|c| c.kept.wall_ns / c.store.wall_ns),
+        median_of(&|c| c.store.wall_ns / c.baseline_ns),
+        median_of(&|c| c.kept.wall_ns / c.baseline_ns),
+        median_of(&|c| c.kept.wall_ns / c.store.wall_ns),
     );
 }
 

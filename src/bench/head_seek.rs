@@ -7,6 +7,7 @@ use std::time::Instant;
 use clap::Args;
 
 use super::fill::{fill, FillArgs, FillError, FILL_BATCH};
+use super::harness::median;
 use crate::store::{Store, StoreOptions};
 
 /// Flags of `kafka-delay bench head-seek`.
@@ -38,15 +39,15 @@ pub struct HeadSeek {
 }
 
 fn median_ns(runs: usize, mut f: impl FnMut()) -> f64 {
-    let mut v: Vec<f64> = (0..runs)
-        .map(|_| {
-            let t = Instant::now();
-            f();
-            t.elapsed().as_nanos() as f64
-        })
-        .collect();
-    v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    median(
+        (0..runs)
+            .map(|_| {
+                let t = Instant::now();
+                f();
+                t.elapsed().as_nanos() as f64
+            })
+            .collect(),
+    )
 }
 
 /// Writes `count` records, deletes all but the last `keep` the way the publisher does after
