@@ -340,10 +340,17 @@ fn compose_and_provisioning_files_parse_and_point_at_files_that_exist() {
         assert!(services.contains_key(name), "service {name}");
     }
     let kafka = &compose["services"]["kafka"];
-    assert!(kafka["image"]
-        .as_str()
-        .unwrap()
-        .starts_with("apache/kafka:"));
+    // The Kafka of compose.yaml is the version the test suite runs against (kafka/pom.xml).
+    let pom = read("kafka/pom.xml");
+    let tested = pom
+        .split("<kafka.version>")
+        .nth(1)
+        .and_then(|s| s.split("</kafka.version>").next())
+        .expect("kafka.version in kafka/pom.xml");
+    assert_eq!(
+        kafka["image"].as_str().unwrap(),
+        format!("apache/kafka:{tested}")
+    );
     assert_eq!(
         kafka["environment"]["KAFKA_PROCESS_ROLES"], "broker,controller",
         "KRaft"

@@ -2,6 +2,11 @@
 //! (failpoints), a Kafka outage, a clock that jumps, a flood of bad input, and secrets in logs.
 //! Every check goes through the verifier's [`Tally`]: lost, duplicated, early, lateness.
 //! Bounded for CI; `KAFKA_DELAY_SOAK=1` (see RELIABILITY.md) runs the long versions.
+//!
+//! Tests named `mock_cluster_*` inject their fault through librdkafka's in-process mock cluster
+//! and always run on it; tests named `apache_kafka_*` need a real Apache Kafka (an Apache Kafka
+//! process restarted, DeleteTopics) and run on `common::apache`'s. The others run on the Kafka
+//! of the run (`make test`: the mock cluster, then Apache Kafka).
 
 mod common;
 
@@ -108,7 +113,7 @@ fn jitter(seed: u64, lo: u64, hi: u64) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_9_at_random_moments_many_times_loses_nothing() {
     let cycles = env_u64("KAFKA_DELAY_CRASH_CYCLES", 20, 100);
-    let (_sandbox, brokers) = spawn_announcing(&["sandbox"]);
+    let (_sandbox, brokers) = process_kafka();
     let kafka = Kafka::External(brokers.clone());
     let t = Topics::new();
     kafka.create_topic(&t.delay, 1).await;
@@ -189,7 +194,7 @@ async fn kill_9_at_random_moments_many_times_loses_nothing() {
 #[cfg(feature = "failpoints")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_at_each_step_of_the_durability_order_loses_nothing() {
-    let (_sandbox, brokers) = spawn_announcing(&["sandbox"]);
+    let (_sandbox, brokers) = process_kafka();
     let kafka = Kafka::External(brokers.clone());
     for point in ["after-consume", "after-store-write", "after-delivery"] {
         let t = Topics::new();
@@ -244,9 +249,9 @@ async fn a_crash_at_each_step_of_the_durability_order_loses_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_kafka_outage_loses_nothing_and_firing_catches_up() {
+async fn mock_cluster_kafka_outage_loses_nothing_and_firing_catches_up() {
     let outage = Duration::from_secs(env_u64("KAFKA_DELAY_OUTAGE_SECS", 30, 120));
-    let env = Env::start(1, &[]).await;
+    let env = Env::start_on(Kafka::embedded(), Topics::new(), 1, &[]).await;
     let (kafka, t) = (&env.kafka, &env.t);
     let Some(mock) = kafka.mock() else {
         panic!("the outage test takes brokers down in the in-process mock cluster");
@@ -867,9 +872,9 @@ async fn a_full_disk_pauses_consumption_reports_it_and_a_restart_after_space_ret
 /// answers TOPIC_AUTHORIZATION_FAILED for it) and one disappears (UNKNOWN_TOPIC_OR_PARTITION,
 /// what a deleted topic looks like), injected with the mock cluster's per-topic metadata errors.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn refused_and_deleted_targets_are_dead_lettered_after_bounded_retries_and_others_keep_firing(
+async fn mock_cluster_refused_and_deleted_targets_are_dead_lettered_after_bounded_retries_and_others_keep_firing(
 ) {
-    let kafka = Kafka::start();
+    let kafka = Kafka::embedded();
     let t = Topics::new();
     let (refused, deleted) = (format!("refused-{}", t.id), format!("deleted-{}", t.id));
     for topic in [&t.delay, &t.target, &t.dlt, &refused, &deleted] {
@@ -957,4 +962,107 @@ async fn refused_and_deleted_targets_are_dead_lettered_after_bounded_retries_and
     // Nothing is left pending.
     assert_eq!(broker.store().pending(), 0);
     broker.shutdown().await;
+}
+
+/// Apache Kafka stopped (SIGTERM, a clean JVM shutdown) for 10 s while 300 records come due,
+/// then started again with its data: nothing lost, nothing early, and the idempotent producer
+/// publishes nothing twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_broker_restart_while_records_come_due_loses_nothing() {
+    let apache = apache::Private::start();
+    let kafka = Kafka::External(apache.brokers().to_owned());
+    let env = Env::start_on(kafka, Topics::new(), 1, &[]).await;
+    let (kafka, t) = (&env.kafka, &env.t);
+    // Due from 3 s ahead over 9 s: before, during and after the outage.
+    let (tally, dues) = tally(300, now_ms() + 3_000, 30);
+    collector(kafka, &t.target, 1, tally.clone());
+    produce_plan(&kafka.producer(), &t.delay, &t.target, &tally, &dues, 0..300).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    apache.stop();
+    let down_at = Instant::now();
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    apache.restart();
+    let up_at = Instant::now();
+    let report = wait_complete(&tally, Duration::from_secs(120)).await;
+    let complete = up_at.elapsed().saturating_sub(Duration::from_secs(2));
+    eprintln!(
+        "Apache Kafka down {:?}: {report:?}; complete within {complete:?} after it came back",
+        up_at - down_at
+    );
+    println!("Apache Kafka restart: down {:?}\n{report}", up_at - down_at);
+    assert_eq!(report.lost, 0, "lost: {:?}", report.lost_sample);
+    assert_eq!(report.early, 0, "fired early");
+    assert_eq!(
+        report.duplicates, 0,
+        "the idempotent producer publishes nothing twice across a broker restart"
+    );
+    env.broker.shutdown().await;
+}
+
+/// A target topic deleted with DeleteTopics after records were scheduled for it: they are
+/// dead-lettered as `target-not-found` once each after bounded retries (the broker's producer
+/// never re-creates a topic, whatever the cluster's auto.create.topics.enable), nothing is left
+/// pending, and a healthy target keeps firing on time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_target_deleted_with_delete_topics_is_dead_lettered_and_others_keep_firing() {
+    let kafka = Kafka::External(apache::shared());
+    let t = Topics::new();
+    let deleted = format!("deleted-{}", t.id);
+    kafka.create_topic(&deleted, 1).await;
+    // The test configuration: --fire-max-attempts 2, --fire-backoff-max 1s.
+    let env = Env::start_on(kafka, t, 1, &[]).await;
+    let (kafka, t) = (&env.kafka, &env.t);
+    let due_ms = now_ms() + 4_000;
+    let due = due_ms.to_string();
+    let p = kafka.producer();
+    for i in 0..10 {
+        for (target, name) in [(&deleted, "d"), (&t.target, "ok")] {
+            produce(
+                &p,
+                &t.delay,
+                Some(&format!("{name}{i}")),
+                Some(&format!("{name}{i}")),
+                &[("delay-target", target), ("delay-until", &due)],
+            )
+            .await;
+        }
+    }
+    kafka.delete_topic(&deleted).await;
+    assert!(now_ms() < due_ms, "deleted before the records came due");
+    let out = reader(kafka, &t.target, 1);
+    let fired: Vec<Got> = collect(&out, 11, Duration::from_secs(30))
+        .await
+        .into_iter()
+        .filter(|g| g.key().is_some_and(|k| k.starts_with("ok")))
+        .collect();
+    assert_eq!(fired.len(), 10, "the healthy target keeps firing");
+    assert!(
+        fired.iter().all(|g| g.num("delay-fired-ms") >= due_ms),
+        "never early"
+    );
+    let dlt = reader(kafka, &t.dlt, 1);
+    let dead = collect(&dlt, 10, Duration::from_secs(90)).await;
+    let reasons: std::collections::BTreeMap<(String, String), usize> =
+        dead.iter().fold(Default::default(), |mut m, g| {
+            let key = (
+                g.header("delay-target").unwrap_or_default(),
+                g.header("delay-error").unwrap_or_default(),
+            );
+            *m.entry(key).or_default() += 1;
+            m
+        });
+    eprintln!("a target deleted with DeleteTopics: dead letters {reasons:?}");
+    assert_eq!(
+        reasons.get(&(deleted.clone(), "target-not-found".into())),
+        Some(&10),
+        "{reasons:?}"
+    );
+    // Nothing more arrives, and nothing is left pending.
+    assert!(collect(&dlt, 1, Duration::from_secs(3)).await.is_empty());
+    assert_eq!(env.broker.store().pending(), 0);
+    assert!(
+        !topic_exists(kafka, &deleted),
+        "firing did not re-create the deleted topic"
+    );
+    env.broker.shutdown().await;
 }

@@ -1,8 +1,9 @@
-//! Test harness: a Kafka-protocol broker over TCP on 127.0.0.1 (librdkafka's mock cluster in
-//! this process, or the broker named by KAFKA_DELAY_TEST_BROKERS, e.g. tansu), unique topics per
-//! test, a real RocksDB in a TempDir, and the broker started in-process.
+//! Test harness: a Kafka broker over TCP on 127.0.0.1 (librdkafka's mock cluster in this
+//! process, or the broker named by KAFKA_DELAY_TEST_BROKERS: Apache Kafka under `make test`),
+//! unique topics per test, a real RocksDB in a TempDir, and the broker started in-process.
 #![allow(dead_code)]
 
+pub mod apache;
 pub mod procs;
 
 use std::collections::HashMap;
@@ -55,6 +56,12 @@ impl Kafka {
             Ok(b) if !b.is_empty() => Kafka::External(b),
             _ => Kafka::Mock(Embedded::start(1).expect("mock cluster")),
         }
+    }
+
+    /// Always the in-process mock cluster: for the tests that inject faults through it (a
+    /// broker down inside the process, per-topic request errors).
+    pub fn embedded() -> Self {
+        Kafka::Mock(Embedded::start(1).expect("mock cluster"))
     }
 
     pub fn brokers(&self) -> String {
@@ -127,6 +134,42 @@ impl Kafka {
                     std::thread::sleep(Duration::from_millis(100));
                 }
             }
+        }
+    }
+
+    /// Deletes a topic with DeleteTopics and waits until the broker no longer knows it.
+    pub async fn delete_topic(&self, name: &str) {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", self.brokers())
+            .create()
+            .expect("admin");
+        let opts = AdminOptions::new()
+            .operation_timeout(Some(Duration::from_secs(10)))
+            .request_timeout(Some(Duration::from_secs(10)));
+        let res = admin.delete_topics(&[name], &opts).await.expect("DeleteTopics");
+        for r in res {
+            r.unwrap_or_else(|(t, e)| panic!("delete {t}: {e}"));
+        }
+        let client: rdkafka::producer::BaseProducer = ClientConfig::new()
+            .set("bootstrap.servers", self.brokers())
+            .set("allow.auto.create.topics", "false")
+            .create()
+            .expect("client");
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let md = client
+                .client()
+                .fetch_metadata(Some(name), Duration::from_secs(5))
+                .expect("metadata");
+            if md
+                .topics()
+                .iter()
+                .all(|t| t.name() != name || t.error().is_some())
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "topic {name} still there");
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 
@@ -373,6 +416,25 @@ pub async fn collect(c: &StreamConsumer, n: usize, timeout: Duration) -> Vec<Got
     out
 }
 
+/// Reads until a record with value `value` arrived or `timeout` passed; returns what was read
+/// and whether it came.
+pub async fn collect_until(c: &StreamConsumer, value: &str, timeout: Duration) -> (Vec<Got>, bool) {
+    let deadline = Instant::now() + timeout;
+    let mut out = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let next = collect(c, 1, left).await;
+        let Some(g) = next.into_iter().next() else {
+            return (out, false);
+        };
+        let found = g.value().as_deref() == Some(value);
+        out.push(g);
+        if found {
+            return (out, true);
+        }
+    }
+}
+
 /// Waits until the broker consumes: a probe record due at once reaches `target`.
 pub async fn wait_consuming(kafka: &Kafka, topics: &Topics, probe_target: &str) {
     let producer = kafka.producer();
@@ -430,7 +492,11 @@ impl Env {
 
     /// [`Env::start`] with topics chosen before (for flags that name them).
     pub async fn start_with(t: Topics, target_partitions: i32, extra: &[&str]) -> Env {
-        let kafka = Kafka::start();
+        Env::start_on(Kafka::start(), t, target_partitions, extra).await
+    }
+
+    /// [`Env::start_with`] on a Kafka of the test's choosing.
+    pub async fn start_on(kafka: Kafka, t: Topics, target_partitions: i32, extra: &[&str]) -> Env {
         kafka.create_topic(&t.delay, 1).await;
         kafka.create_topic(&t.target, target_partitions).await;
         kafka.create_topic(&t.dlt, 1).await;
@@ -477,6 +543,22 @@ pub async fn wait_for_topic(kafka: &Kafka, topic: &str, timeout: Duration) -> i3
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// Whether the cluster knows `topic` now (asked without creating it).
+pub fn topic_exists(kafka: &Kafka, topic: &str) -> bool {
+    let client: rdkafka::producer::BaseProducer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.brokers())
+        .set("allow.auto.create.topics", "false")
+        .create()
+        .expect("client");
+    let md = client
+        .client()
+        .fetch_metadata(Some(topic), Duration::from_secs(5))
+        .expect("metadata");
+    md.topics()
+        .iter()
+        .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
 }
 
 /// Records in `topic` (sum of high watermarks less low ones).

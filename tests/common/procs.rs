@@ -49,6 +49,19 @@ pub fn spawn_announcing(args: &[&str]) -> (Proc, String) {
     (Proc(child), addr)
 }
 
+/// The Kafka that broker processes of a test talk to: KAFKA_DELAY_TEST_BROKERS when set (Apache
+/// Kafka under `make test`), otherwise `kafka-delay sandbox`, the mock cluster in a process of
+/// its own, so that it outlives the brokers the test kills.
+pub fn process_kafka() -> (Option<Proc>, String) {
+    match std::env::var("KAFKA_DELAY_TEST_BROKERS") {
+        Ok(b) if !b.is_empty() => (None, b),
+        _ => {
+            let (sandbox, brokers) = spawn_announcing(&["sandbox"]);
+            (Some(sandbox), brokers)
+        }
+    }
+}
+
 pub fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
@@ -93,6 +106,12 @@ pub fn spawn_broker_with(
             "--in-flight",
             "64",
         ])
+        // Extra flags for a run, e.g. KAFKA_DELAY_TEST_FLAGS=--no-static-membership
+        .args(
+            std::env::var("KAFKA_DELAY_TEST_FLAGS")
+                .unwrap_or_default()
+                .split_whitespace(),
+        )
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
