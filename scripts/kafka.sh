@@ -138,14 +138,15 @@ stop() {
   rm -f "$dir/pid"
 }
 
+run_dir=""
 run() {
   [ $# -gt 0 ] || die "run needs a command"
-  local dir line rc=0
-  dir=$(mktemp -d -t kafka-delay-kafka.XXXXXX)
-  trap 'stop "$dir"; rm -rf "$dir"' EXIT
-  line=$(start "$dir")
-  echo "Apache Kafka $version at ${line#bootstrap.servers=} (log: $dir/kafka.log)" >&2
-  KAFKA_DELAY_TEST_BROKERS="${line#bootstrap.servers=}" KAFKA_DELAY_TEST_KAFKA_DIR="$dir" \
+  local line rc=0
+  run_dir=$(mktemp -d -t kafka-delay-kafka.XXXXXX)
+  trap 'stop "$run_dir"; rm -rf "$run_dir"' EXIT
+  line=$(start "$run_dir" $$)
+  echo "Apache Kafka $version at ${line#bootstrap.servers=} (log: $run_dir/kafka.log)" >&2
+  KAFKA_DELAY_TEST_BROKERS="${line#bootstrap.servers=}" KAFKA_DELAY_TEST_KAFKA_DIR="$run_dir" \
     KAFKA_DELAY_KAFKA_CLASSPATH="$(classpath)" "$@" || rc=$?
   return $rc
 }

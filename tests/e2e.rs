@@ -1,5 +1,6 @@
 //! End to end over TCP: producer -> delay topic -> kafka-delay (RocksDB in a TempDir) -> target.
-//! Runs against the in-process mock cluster, or KAFKA_DELAY_TEST_BROKERS (tansu, compose).
+//! Runs against the in-process mock cluster, or KAFKA_DELAY_TEST_BROKERS (Apache Kafka under
+//! `make test`, or any cluster: the Kafka of compose.yaml).
 
 mod common;
 

@@ -337,16 +337,23 @@ async fn replay_command_shows_progress_and_a_summary_and_a_dry_run_moves_nothing
     assert!(err.contains("--rate 'fast'"), "{err}");
 }
 
-/// Runs `kafka-delay bench <line> <extra> --json <file>` within `seconds`, asserts it
-/// succeeded, and returns its stdout and the JSON it wrote.
+/// Runs `kafka-delay bench <line> <extra> --json <file>` within `seconds` (against
+/// KAFKA_DELAY_TEST_BROKERS when set, else on the embedded cluster), asserts it succeeded, and
+/// returns its stdout and the JSON it wrote.
 fn bench(seconds: u32, line: &str, extra: &[&str]) -> (String, serde_json::Value) {
+    let brokers = std::env::var("KAFKA_DELAY_TEST_BROKERS").unwrap_or_default();
+    let extra: Vec<&str> = if brokers.is_empty() {
+        extra.to_vec()
+    } else {
+        [extra, &["--brokers", &brokers]].concat()
+    };
     let dir = TempDir::new().unwrap();
     let json = dir.path().join("bench.json");
     let out = Command::new("timeout")
         .arg(seconds.to_string())
         .args([BIN, "bench"])
         .args(line.split_whitespace())
-        .args(extra)
+        .args(&extra)
         .arg("--json")
         .arg(&json)
         .output()
@@ -361,7 +368,7 @@ fn bench(seconds: u32, line: &str, extra: &[&str]) -> (String, serde_json::Value
     (stdout, written)
 }
 
-/// `bench e2e` as the README's figures are made, at a tiny size on the embedded cluster: every
+/// `bench e2e` as the README's figures are made, at a tiny size on the Kafka of the run: every
 /// side of a throughput round moves all its records (the stored passthrough fails the run if
 /// one is left in its RocksDB) and the JSON carries each side's rate.
 #[test]
@@ -388,7 +395,7 @@ fn bench_e2e_moves_every_record_through_each_side_and_writes_the_rates() {
     assert_eq!(busy.len(), 3);
 }
 
-/// `bench recovery` at a tiny size on the embedded cluster: the broker process it times comes up
+/// `bench recovery` at a tiny size on the Kafka of the run: the broker process it times comes up
 /// with every filled record pending and only those due within the horizon in its wheel, and the
 /// same records are re-consumed from Kafka in the same run.
 #[test]

@@ -331,8 +331,8 @@ async fn replay_moves_dead_letters_back_at_the_requested_rate_and_a_dry_run_move
         .iter()
         .map(|g| g.msg.timestamp().to_millis().unwrap())
         .collect();
-    // Shown, not asserted: brokers differ in which timestamp they keep (tansu does not keep
-    // the producer's); the elapsed time above is the rate limit's own measure.
+    // Shown, not asserted: the record timestamps are the producer's (CreateTime) on Kafka but
+    // not on every Kafka-protocol broker; the elapsed time above is the rate limit's own measure.
     let span = stamps.iter().max().unwrap() - stamps.iter().min().unwrap();
     for (i, g) in moved.iter().enumerate() {
         let n = [0, 1, 2, 3, 4, 6, 7, 8, 9, 10][i];

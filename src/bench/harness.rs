@@ -22,6 +22,9 @@ pub(super) struct Kafka {
     pub(super) partitions: AtomicI32,
     /// Extra `run` flags for the brokers (not the passthrough).
     pub(super) broker_flags: Vec<String>,
+    /// Part of every topic and group name of this run, so that runs against the same external
+    /// cluster never read each other's records.
+    pub(super) run: String,
 }
 
 /// Parses broker flags as `kafka-delay run` would.
@@ -43,8 +46,7 @@ pub(super) fn config(
         "--dead-letter-topic",
         "bench.dlt",
         // Every run is one member of a group of its own, so static membership (which only
-        // spares a restarted member a rebalance) has nothing to do here, and some
-        // Kafka-protocol brokers (tansu 0.6) mishandle it.
+        // spares a restarted member a rebalance) has nothing to do here.
         "--no-static-membership",
     ];
     argv.extend_from_slice(extra);
@@ -53,6 +55,14 @@ pub(super) fn config(
         Command::Run(run) => Ok(run.validate()?),
         _ => Err("not a run command".into()),
     }
+}
+
+/// This process and the second it started in: unique per run on one machine.
+fn run_id() -> String {
+    let secs = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    format!("{}-{}", std::process::id(), secs % 1_000_000)
 }
 
 impl Kafka {
@@ -74,6 +84,7 @@ impl Kafka {
             embedded,
             partitions: AtomicI32::new(partitions),
             broker_flags: broker_flags.to_vec(),
+            run: run_id(),
         })
     }
 

@@ -210,7 +210,7 @@ async fn reconsume(kafka: &Kafka, i: usize, count: u64) -> Result<(Duration, i32
     kafka.reset_partitions(partitions);
     let dir = tempfile::TempDir::new()?;
     // Not a `delay.*` name: the next count's broker would ingest it.
-    let topic = format!("bench.recovery.reconsume.{i}");
+    let topic = format!("bench.recovery.reconsume.{i}.{}", kafka.run);
     let group = format!("bench-recovery-{i}-{}", std::process::id());
     let config = config(&kafka.brokers, dir.path(), &["--group-id", &group])?;
     let producer = crate::kafka::producer(&config)?;

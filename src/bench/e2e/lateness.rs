@@ -95,6 +95,7 @@ impl Kafka {
             target: "bench.lat.idle".into(),
             source: "delay.bench.filled".into(),
         })?;
+        let tag = format!("{tag}.{}", self.run).replace('-', "_");
         let (src, dst) = (
             format!("delay.bench.lat{tag}"),
             format!("bench.lat{tag}.out"),

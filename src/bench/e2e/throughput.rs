@@ -166,8 +166,9 @@ impl Kafka {
     /// and a producer (the broker's settings) to copy one to the other.
     async fn copying(&self, tag: &str, n: u64, size: usize) -> Result<Copying, BenchError> {
         let dir = tempfile::TempDir::new()?;
+        let tag = format!("{tag}.{}", self.run);
         let (src, dst) = (format!("bench.{tag}"), format!("bench.{tag}.out"));
-        let config = config(&self.brokers, dir.path(), &["--group-id", tag])?;
+        let config = config(&self.brokers, dir.path(), &["--group-id", &tag])?;
         let producer = kafka::producer(&config)?;
         self.create(&src, &producer, &config).await;
         self.create(&dst, &producer, &config).await;
@@ -332,6 +333,7 @@ impl Kafka {
         sync: bool,
     ) -> Result<Span, BenchError> {
         let dir = tempfile::TempDir::new()?;
+        let tag = format!("{tag}.{}", self.run).replace('-', "_");
         let (src, dst) = (format!("delay.bench.{tag}"), format!("bench.out.{tag}"));
         let pattern = format!("^delay\\.bench\\.{tag}$");
         let group = format!("kd-{tag}");
