@@ -53,8 +53,10 @@ lint: deps
 
 # Tests named apache_kafka_* need a real Kafka: they run in the second pass. Tests named
 # mock_cluster_* inject faults through the in-process mock cluster: they run in the first only.
+# (The criterion bench takes no --skip: it runs in a command of its own.)
 test: deps kafka
-	cargo test --all-targets --features failpoints -- --skip apache_kafka_
+	cargo test --features failpoints --lib --bins --tests --examples -- --skip apache_kafka_
+	cargo test --features failpoints --benches
 	bash scripts/kafka.sh run bash scripts/test-external.sh
 
 # The long fault runs of RELIABILITY.md: 100 kill -9 cycles, a 120 s Kafka outage, 1M records

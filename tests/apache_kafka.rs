@@ -32,7 +32,10 @@ fn tested_java_snippet() -> String {
         .map(|l| l.len() - l.trim_start().len())
         .min()
         .unwrap();
-    lines.iter().map(|l| format!("{}\n", &l[indent..])).collect()
+    lines
+        .iter()
+        .map(|l| format!("{}\n", &l[indent..]))
+        .collect()
 }
 
 /// The README's ```java block under "From Java".

@@ -976,7 +976,15 @@ async fn apache_kafka_broker_restart_while_records_come_due_loses_nothing() {
     // Due from 3 s ahead over 9 s: before, during and after the outage.
     let (tally, dues) = tally(300, now_ms() + 3_000, 30);
     collector(kafka, &t.target, 1, tally.clone());
-    produce_plan(&kafka.producer(), &t.delay, &t.target, &tally, &dues, 0..300).await;
+    produce_plan(
+        &kafka.producer(),
+        &t.delay,
+        &t.target,
+        &tally,
+        &dues,
+        0..300,
+    )
+    .await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     apache.stop();
     let down_at = Instant::now();

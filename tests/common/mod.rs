@@ -146,7 +146,10 @@ impl Kafka {
         let opts = AdminOptions::new()
             .operation_timeout(Some(Duration::from_secs(10)))
             .request_timeout(Some(Duration::from_secs(10)));
-        let res = admin.delete_topics(&[name], &opts).await.expect("DeleteTopics");
+        let res = admin
+            .delete_topics(&[name], &opts)
+            .await
+            .expect("DeleteTopics");
         for r in res {
             r.unwrap_or_else(|(t, e)| panic!("delete {t}: {e}"));
         }

@@ -83,6 +83,14 @@ pub fn spawn_broker_with(
     env: &[(&str, &str)],
 ) -> Proc {
     let http = format!("127.0.0.1:{http_port}");
+    // Extra flags for a run, e.g. KAFKA_DELAY_TEST_FLAGS=--no-static-membership (which then
+    // replaces --instance-id).
+    let env_flags = std::env::var("KAFKA_DELAY_TEST_FLAGS").unwrap_or_default();
+    let instance = if env_flags.contains("--no-static-membership") {
+        vec![]
+    } else {
+        vec!["--instance-id".to_owned(), format!("i-{}", t.id)]
+    };
     let child = Command::new(BIN)
         .envs(env.iter().copied())
         .args([
@@ -95,8 +103,6 @@ pub fn spawn_broker_with(
             &http,
             "--group-id",
             &format!("g-{}", t.id),
-            "--instance-id",
-            &format!("i-{}", t.id),
             "--source-pattern",
             &t.pattern,
             "--dead-letter-topic",
@@ -106,12 +112,8 @@ pub fn spawn_broker_with(
             "--in-flight",
             "64",
         ])
-        // Extra flags for a run, e.g. KAFKA_DELAY_TEST_FLAGS=--no-static-membership
-        .args(
-            std::env::var("KAFKA_DELAY_TEST_FLAGS")
-                .unwrap_or_default()
-                .split_whitespace(),
-        )
+        .args(&instance)
+        .args(env_flags.split_whitespace())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .spawn()
