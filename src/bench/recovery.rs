@@ -121,7 +121,13 @@ pub async fn run_recovery(args: &RecoveryArgs) -> Result<Vec<Recovery>, BenchErr
     let kafka = Kafka::connect(args.brokers.as_deref(), 32, &[])?;
     // The broker's own topics, created by a first start, as on a cluster it ran against before.
     let warm = work.path().join("warm");
-    let broker = Broker::start(&kafka.brokers, &warm, &args.horizon, work.path())?;
+    let broker = Broker::start(
+        &kafka.brokers,
+        &warm,
+        &args.horizon,
+        work.path(),
+        &kafka.run,
+    )?;
     broker.ready(Duration::from_secs(120)).await?;
     drop(broker);
     println!("| pending | RocksDB MB | horizon | start to ready s | counts restored s | wheel armed s | in wheel | RSS MB | peak RSS MB | re-consume s (partitions) | ready / re-consume | ready s per million |");
@@ -141,7 +147,7 @@ pub async fn run_recovery(args: &RecoveryArgs) -> Result<Vec<Recovery>, BenchErr
         eprintln!("filled {count} records in {:.1} s", filled.seconds);
         let rocksdb_bytes = dir_bytes(&dir);
         let started = Instant::now();
-        let broker = Broker::start(&kafka.brokers, &dir, &args.horizon, work.path())?;
+        let broker = Broker::start(&kafka.brokers, &dir, &args.horizon, work.path(), &kafka.run)?;
         broker.ready(Duration::from_secs(600)).await?;
         let start_to_ready_s = started.elapsed().as_secs_f64();
         tokio::time::sleep(settle).await;
@@ -248,13 +254,18 @@ struct Broker {
 }
 
 impl Broker {
-    /// Spawns `kafka-delay run` on `data_dir`, logging JSON to a file in `logs`.
+    /// Spawns `kafka-delay run` on `data_dir`, logging JSON to a file in `logs`. Its group and
+    /// source pattern are this run's own, so that on a cluster other runs have used it consumes
+    /// nothing but what the filled store says (no other `delay.*` topic's backlog).
     fn start(
         brokers: &str,
         data_dir: &Path,
         horizon: &str,
         logs: &Path,
+        run: &str,
     ) -> Result<Self, BenchError> {
+        let group = format!("bench-recovery-{run}");
+        let pattern = format!("^delay\\.bench\\.recovery\\.{}$", run.replace('-', "_"));
         let http = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let log = logs.join(format!("broker-{}.log", http.port()));
         let out = std::fs::File::create(&log)?;
@@ -263,6 +274,7 @@ impl Broker {
             .arg(data_dir)
             .args(["--http-addr", &http.to_string(), "--horizon", horizon])
             .args(["--log-format", "json", "--no-static-membership"])
+            .args(["--group-id", &group, "--source-pattern", &pattern])
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(out)
