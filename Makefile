@@ -56,7 +56,7 @@ lint: deps
 # (The criterion bench takes no --skip: it runs in a command of its own.)
 test: deps kafka
 	cargo test --features failpoints --lib --bins --tests --examples -- --skip apache_kafka_
-	cargo test --features failpoints --benches
+	cargo test --features failpoints --bench timers
 	bash scripts/kafka.sh run bash scripts/test-external.sh
 
 # The long fault runs of RELIABILITY.md: 100 kill -9 cycles, a 120 s Kafka outage, 1M records

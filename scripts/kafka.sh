@@ -6,8 +6,9 @@
 #   scripts/kafka.sh start DIR      format DIR (the first time) and start a broker whose state
 #                                   lives there; print bootstrap.servers=127.0.0.1:PORT when ready.
 #                                   A stopped DIR starts again on the same ports with its data.
-#   scripts/kafka.sh start DIR PID  the same, and stop the broker when process PID exits (for a
-#                                   test process that may die before it stops its broker)
+#   scripts/kafka.sh start DIR PID  the same, and when process PID exits while the broker still
+#                                   runs, stop the broker and delete DIR (for a test process
+#                                   that may die, or never drop its broker, before stopping it)
 #   scripts/kafka.sh stop DIR       stop it (SIGTERM, a clean shutdown; SIGKILL after 60 s)
 #   scripts/kafka.sh kill DIR       stop it with SIGKILL
 #   scripts/kafka.sh run CMD...     start a broker in a temporary DIR, run CMD with
@@ -29,6 +30,11 @@ fetch() {
   local stamp="$cache/.complete" sum
   sum=$(sha256sum "$pom" | cut -d' ' -f1)
   if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ]; then return; fi
+  # One fetch at a time: tests may start brokers in parallel on an empty cache.
+  mkdir -p "$(dirname "$cache")"
+  exec 9>"$cache.lock"
+  flock 9
+  if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$sum" ]; then exec 9>&-; return; fi
   command -v mvn >/dev/null || die "Maven (mvn) is needed once, to fetch Kafka $version from Maven Central"
   echo "kafka.sh: fetching Apache Kafka $version from Maven Central into $cache (once)" >&2
   rm -rf "$cache/libs"
@@ -36,12 +42,30 @@ fetch() {
   mvn -q -B -f "$pom" dependency:copy-dependencies -DincludeScope=runtime \
     -DoutputDirectory="$cache/libs" >&2 || die "mvn could not fetch Kafka $version"
   echo "$sum" >"$stamp"
+  exec 9>&-
 }
 
 classpath() { echo "$cache/libs/*"; }
 
+# A free port below Linux's ephemeral range (32768 and up), so that no client connection takes
+# it while a stopped broker waits to start again on it.
 free_port() {
-  python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'
+  python3 - <<'PY'
+import random, socket
+for _ in range(1000):
+    port = random.randrange(20000, 32000)
+    s = socket.socket()
+    try:
+        s.bind(("127.0.0.1", port))
+    except OSError:
+        continue
+    finally:
+        s.close()
+    print(port)
+    break
+else:
+    raise SystemExit("no free port in 20000-32000")
+PY
 }
 
 write_config() {
@@ -108,8 +132,13 @@ start() {
   echo "$pid" >"$dir/pid"
   if [ -n "$owner" ]; then
     setsid bash -c 'while kill -0 "$1" 2>/dev/null && kill -0 "$2" 2>/dev/null; do sleep 1; done
-      kill -TERM "$2" 2>/dev/null; sleep 20; kill -KILL "$2" 2>/dev/null' _ "$owner" "$pid" \
-      >/dev/null 2>&1 </dev/null &
+      kill -0 "$1" 2>/dev/null && exit 0
+      if kill -0 "$2" 2>/dev/null; then
+        kill -TERM "$2"
+        for _ in $(seq 1 200); do kill -0 "$2" 2>/dev/null || break; sleep 0.1; done
+        kill -KILL "$2" 2>/dev/null
+      fi
+      rm -rf "$3"' _ "$owner" "$pid" "$dir" >/dev/null 2>&1 </dev/null &
   fi
   local bootstrap
   bootstrap=$(cat "$dir/bootstrap")

@@ -1007,10 +1007,10 @@ async fn apache_kafka_broker_restart_while_records_come_due_loses_nothing() {
     env.broker.shutdown().await;
 }
 
-/// A target topic deleted with DeleteTopics after records were scheduled for it: they are
-/// dead-lettered as `target-not-found` once each after bounded retries (the broker's producer
-/// never re-creates a topic, whatever the cluster's auto.create.topics.enable), nothing is left
-/// pending, and a healthy target keeps firing on time.
+/// A target topic deleted with DeleteTopics after records were scheduled for it (due 10 s
+/// later): they are dead-lettered as `target-not-found` once each after bounded retries (the
+/// broker's producer never re-creates a topic, whatever the cluster's auto.create.topics.enable),
+/// nothing is left pending, and a healthy target keeps firing on time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_target_deleted_with_delete_topics_is_dead_lettered_and_others_keep_firing() {
     let kafka = Kafka::External(apache::shared());
@@ -1020,7 +1020,7 @@ async fn apache_kafka_target_deleted_with_delete_topics_is_dead_lettered_and_oth
     // The test configuration: --fire-max-attempts 2, --fire-backoff-max 1s.
     let env = Env::start_on(kafka, t, 1, &[]).await;
     let (kafka, t) = (&env.kafka, &env.t);
-    let due_ms = now_ms() + 4_000;
+    let due_ms = now_ms() + 10_000;
     let due = due_ms.to_string();
     let p = kafka.producer();
     for i in 0..10 {

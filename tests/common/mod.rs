@@ -419,25 +419,6 @@ pub async fn collect(c: &StreamConsumer, n: usize, timeout: Duration) -> Vec<Got
     out
 }
 
-/// Reads until a record with value `value` arrived or `timeout` passed; returns what was read
-/// and whether it came.
-pub async fn collect_until(c: &StreamConsumer, value: &str, timeout: Duration) -> (Vec<Got>, bool) {
-    let deadline = Instant::now() + timeout;
-    let mut out = Vec::new();
-    loop {
-        let left = deadline.saturating_duration_since(Instant::now());
-        let next = collect(c, 1, left).await;
-        let Some(g) = next.into_iter().next() else {
-            return (out, false);
-        };
-        let found = g.value().as_deref() == Some(value);
-        out.push(g);
-        if found {
-            return (out, true);
-        }
-    }
-}
-
 /// Waits until the broker consumes: a probe record due at once reaches `target`.
 pub async fn wait_consuming(kafka: &Kafka, topics: &Topics, probe_target: &str) {
     let producer = kafka.producer();
