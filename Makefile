@@ -60,6 +60,8 @@ test: deps kafka
 	bash scripts/kafka.sh run bash scripts/test-external.sh
 
 # The long fault runs of RELIABILITY.md: 100 kill -9 cycles, a 120 s Kafka outage, 1M records
-# of bad input. CI runs the bounded versions inside `make test`.
+# of bad input, on the mock cluster and then on Apache Kafka (the mock takes 100,000 records of
+# bad input: it keeps about 5 MB per partition). CI runs the bounded versions inside `make test`.
 soak: deps kafka
-	KAFKA_DELAY_SOAK=1 cargo test --features failpoints --test reliability -- --nocapture --test-threads=1
+	KAFKA_DELAY_SOAK=1 KAFKA_DELAY_BAD_INPUT_RECORDS=100000 cargo test --features failpoints --test reliability -- --nocapture --test-threads=1 --skip apache_kafka_
+	KAFKA_DELAY_SOAK=1 bash scripts/kafka.sh run cargo test --features failpoints --test reliability -- --nocapture --test-threads=1 --skip mock_cluster_
