@@ -10,7 +10,7 @@ export CARGO_TARGET_DIR ?= $(HOME)/.cache/kafka-delay/target
 DEBIAN_PACKAGES := build-essential pkg-config libclang-dev clang libssl-dev zlib1g-dev kcat curl python3 prometheus \
 	openjdk-17-jdk-headless maven
 
-.PHONY: demo test deps kafka build lint soak
+.PHONY: demo test deps kafka python build lint soak
 
 # lint and test name the host as the build target. Without it cargo builds a dependency that
 # build scripts and the program share (libc, shlex) once for both in a test build but twice in
@@ -38,6 +38,11 @@ deps:
 kafka: deps
 	@bash scripts/kafka.sh fetch >/dev/null
 
+# The Python helper's test dependencies (pytest, confluent-kafka), from PyPI when missing.
+python: deps
+	@python3 -c 'import pytest, confluent_kafka' 2>/dev/null || \
+	  python3 -m pip install --quiet --root-user-action=ignore -r clients/python/requirements-test.txt
+
 build: deps
 	cargo build --bin kafka-delay
 
@@ -54,9 +59,10 @@ lint: deps
 # Tests named apache_kafka_* need a real Kafka: they run in the second pass. Tests named
 # mock_cluster_* inject faults through the in-process mock cluster: they run in the first only.
 # (The criterion bench takes no --skip: it runs in a command of its own.)
-test: deps kafka
+test: deps kafka python
 	cargo test --features failpoints --lib --bins --tests --examples -- --skip apache_kafka_
 	cargo test --features failpoints --bench timers
+	cd clients/python && python3 -m pytest -q tests
 	bash scripts/kafka.sh run bash scripts/test-external.sh
 
 # The long fault runs of RELIABILITY.md: 100 kill -9 cycles, a 120 s Kafka outage, 1M records

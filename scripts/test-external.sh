@@ -4,11 +4,19 @@
 # works as well (the Kafka of compose.yaml: KAFKA_DELAY_TEST_BROKERS=127.0.0.1:29092); the
 # tests make topics of their own with unique names and delete none but their own.
 # Tests named mock_cluster_* inject faults through the in-process mock cluster and ran in the
-# first pass of `make test`; they are skipped here.
+# first pass of `make test`; they are skipped here. Then the client helpers' end-to-end tests,
+# each with its language's Kafka client and the kafka-delay binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${KAFKA_DELAY_TEST_BROKERS:?set KAFKA_DELAY_TEST_BROKERS, or run: bash scripts/kafka.sh run bash $0}"
 echo "the broker suites against $KAFKA_DELAY_TEST_BROKERS"
-exec cargo test --features failpoints \
+cargo test --features failpoints \
   --test e2e --test retry --test admin --test process --test reliability --test observability \
   --test apache_kafka -- --skip mock_cluster_ "$@"
+KAFKA_DELAY_BIN=$(cargo build --features failpoints --bin kafka-delay --message-format=json |
+  python3 -c 'import json, sys
+print([m["executable"] for m in map(json.loads, sys.stdin)
+       if m.get("reason") == "compiler-artifact" and m.get("executable")][-1])')
+export KAFKA_DELAY_BIN
+echo "the Python helper end to end with confluent-kafka ($KAFKA_DELAY_BIN)"
+(cd clients/python && python3 -m pytest -q e2e)

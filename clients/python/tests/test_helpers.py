@@ -1,0 +1,79 @@
+"""The builders make records the broker's contract reads as intended."""
+
+import datetime as dt
+
+import pytest
+
+from kafka_delay import Contract, Record, attempt, cancel, delayed, interpret, retry
+
+NOW = 1_763_700_000_000
+SENT = NOW - 1_000
+
+
+def read(rec, topic=None):
+    """What the broker does with a produced record (timestamped SENT)."""
+    return interpret(
+        Record(topic or rec["topic"], rec["headers"], rec["key"], rec["value"], SENT), NOW, Contract()
+    )
+
+
+class Msg:
+    """A consumed confluent_kafka.Message, as far as the helpers use one."""
+
+    def __init__(self, topic, key, value, headers):
+        self._t, self._k, self._v, self._h = topic, key, value, headers
+
+    def topic(self):
+        return self._t
+
+    def key(self):
+        return self._k
+
+    def value(self):
+        return self._v
+
+    def headers(self):
+        return self._h
+
+
+def test_delayed_after_until_and_id():
+    out = read(delayed("delay.orders", "orders", "v", key="k", after="30s", id="job-1"))
+    assert (out.kind, out.target, out.due_ms, out.id) == ("schedule", "orders", SENT + 30_000, b"job-1")
+    assert read(delayed("delay.orders", "orders", b"v", after=dt.timedelta(seconds=2))).due_ms == SENT + 2_000
+    assert read(delayed("delay.orders", "orders", b"v", after=250)).due_ms == SENT + 250
+    until = dt.datetime(2025, 11, 21, 4, 41, tzinfo=dt.timezone.utc)
+    assert read(delayed("delay.orders", "orders", b"v", until=until)).due_ms == NOW + 60_000
+    assert read(delayed("delay.30s", "orders", b"v")).due_ms == SENT + 30_000
+
+
+def test_user_headers_travel_and_bad_arguments_fail_here():
+    out = read(delayed("delay.orders", "orders", b"v", after=0, headers=[("trace-id", "t-1")]))
+    assert out.headers == [("trace-id", b"t-1")]
+    for bad in (
+        lambda: delayed("delay.o", "o", b"v", after=1, until=2),
+        lambda: delayed("delay.o", "o", b"v", after="soon"),
+        lambda: delayed("delay.o", "o", b"v", after=-5),
+        lambda: delayed("delay.o", "o", b"v", until=dt.datetime(2030, 1, 1)),
+        lambda: delayed("delay.o", "o", b"v", after=1, headers=[("delay-target", "x")]),
+    ):
+        with pytest.raises(ValueError):
+            bad()
+
+
+def test_cancel():
+    out = read(cancel("delay.orders", "job-1", key="k"))
+    assert (out.kind, out.id) == ("cancel", b"job-1")
+
+
+def test_retry_counts_and_copies_headers():
+    first = Msg("orders", b"k", b"v", [("trace-id", b"t"), ("delay-origin-offset", b"7")])
+    assert attempt(first) == 0
+    rec = retry(first, after=30, reason="inventory 503")
+    out = read(rec)
+    assert (out.kind, out.target, out.attempt, out.due_ms) == ("retry", "orders", 1, SENT + 30_000)
+    assert ("trace-id", b"t") in out.headers and ("retry-reason", b"inventory 503") in out.headers
+    assert not any(k == "delay-origin-offset" for k, _ in out.headers)
+    back = Msg("orders", b"k", b"v", out.headers)
+    assert attempt(back) == 1
+    again = read(retry(back, after=dt.timedelta(milliseconds=500), max_attempts=1))
+    assert (again.kind, again.dead_letter) == ("exhausted", "orders.dlt")
