@@ -1,0 +1,137 @@
+package kafkadelay
+
+import (
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+// Option sets one property of a record built by Delayed or Retry.
+type Option func(*options)
+
+type options struct {
+	key         []byte
+	after       *time.Duration
+	until       *time.Time
+	id          string
+	headers     []kgo.RecordHeader
+	retryTopic  string
+	reason      string
+	maxAttempts int
+}
+
+// Key sets the record's key (kafka-delay publishes it unchanged; murmur2 picks the partition).
+func Key(k []byte) Option { return func(o *options) { o.key = k } }
+
+// After makes the record due d after its timestamp (delay-after, in milliseconds).
+func After(d time.Duration) Option { return func(o *options) { o.after = &d } }
+
+// Until makes the record due at t (delay-until, in epoch milliseconds).
+func Until(t time.Time) Option { return func(o *options) { o.until = &t } }
+
+// ID names the pending record: a later record with the same id replaces it, Cancel drops it.
+func ID(id string) Option { return func(o *options) { o.id = id } }
+
+// WithHeader adds a header of the application's (published with the record).
+func WithHeader(key string, value []byte) Option {
+	return func(o *options) { o.headers = append(o.headers, kgo.RecordHeader{Key: key, Value: value}) }
+}
+
+// RetryTopic sets the topic a retry is sent to (default delay.retry).
+func RetryTopic(topic string) Option { return func(o *options) { o.retryTopic = topic } }
+
+// Reason says why the record failed (retry-reason; carried back and onto the dead letter).
+func Reason(reason string) Option { return func(o *options) { o.reason = reason } }
+
+// MaxAttempts lowers the target's maximum number of retries for this record.
+func MaxAttempts(n int) Option { return func(o *options) { o.maxAttempts = n } }
+
+func apply(opts []Option) options {
+	o := options{retryTopic: "delay.retry"}
+	for _, f := range opts {
+		f(&o)
+	}
+	return o
+}
+
+func hdr(k, v string) kgo.RecordHeader { return kgo.RecordHeader{Key: k, Value: []byte(v)} }
+
+// Delayed is a record for the delay topic topic that kafka-delay publishes to target when due:
+// After its timestamp or Until a time (one of them, or neither on a fixed-delay topic such as
+// delay.30s). It panics on an application header in the broker's namespace or on both After
+// and Until, mistakes of the code that calls it.
+func Delayed(topic, target string, value []byte, opts ...Option) *kgo.Record {
+	o := apply(opts)
+	if o.after != nil && o.until != nil {
+		panic("kafkadelay.Delayed: After and Until both given")
+	}
+	headers := []kgo.RecordHeader{}
+	for _, h := range o.headers {
+		if strings.HasPrefix(h.Key, "delay-") || strings.HasPrefix(h.Key, "scheduler-") {
+			panic("kafkadelay.Delayed: header " + h.Key + " belongs to kafka-delay")
+		}
+		headers = append(headers, h)
+	}
+	headers = append(headers, hdr(HeaderTarget, target))
+	if o.after != nil {
+		headers = append(headers, hdr(HeaderAfter, strconv.FormatInt(o.after.Milliseconds(), 10)))
+	}
+	if o.until != nil {
+		headers = append(headers, hdr(HeaderUntil, strconv.FormatInt(o.until.UnixMilli(), 10)))
+	}
+	if o.id != "" {
+		headers = append(headers, hdr(HeaderID, o.id))
+	}
+	return &kgo.Record{Topic: topic, Key: o.key, Value: value, Headers: headers}
+}
+
+// Cancel drops the pending record named id. Ids are scoped to the source partition: send it
+// with the same key, to the same topic, as the record it cancels.
+func Cancel(topic, id string, key []byte) *kgo.Record {
+	return &kgo.Record{Topic: topic, Key: key, Value: nil, Headers: []kgo.RecordHeader{hdr(HeaderID, id)}}
+}
+
+// Attempt is the retry count of a consumed record: 0 on a first delivery, n on the n-th retry.
+func Attempt(rec *kgo.Record) int {
+	for _, h := range rec.Headers {
+		if h.Key == HeaderRetryAttempt {
+			n, err := strconv.Atoi(string(h.Value))
+			if err == nil {
+				return n
+			}
+		}
+	}
+	return 0
+}
+
+// Retry is the consumed record rec sent back through kafka-delay's retry topic: it returns
+// to the topic it came from after the target's backoff, or after d with RetryAfter, counted
+// in retry-attempt, with its key, value and headers (the broker's own are left behind).
+func Retry(rec *kgo.Record, opts ...Option) *kgo.Record {
+	o := apply(opts)
+	headers := []kgo.RecordHeader{}
+	for _, h := range rec.Headers {
+		drop := strings.HasPrefix(h.Key, "delay-") || h.Key == HeaderRetryAfter ||
+			(o.reason != "" && h.Key == HeaderRetryReason) ||
+			(o.maxAttempts > 0 && h.Key == HeaderRetryMaxAttempts)
+		if !drop {
+			headers = append(headers, h)
+		}
+	}
+	headers = append(headers, hdr(HeaderTarget, rec.Topic))
+	if o.after != nil {
+		headers = append(headers, hdr(HeaderRetryAfter, strconv.FormatInt(o.after.Milliseconds(), 10)+"ms"))
+	}
+	if o.reason != "" {
+		headers = append(headers, hdr(HeaderRetryReason, o.reason))
+	}
+	if o.maxAttempts > 0 {
+		headers = append(headers, hdr(HeaderRetryMaxAttempts, strconv.Itoa(o.maxAttempts)))
+	}
+	return &kgo.Record{Topic: o.retryTopic, Key: rec.Key, Value: rec.Value, Headers: headers}
+}
+
+// RetryAfter makes a retry due d after it is sent (retry-after).
+func RetryAfter(d time.Duration) Option { return After(d) }

@@ -1,0 +1,61 @@
+package kafkadelay
+
+import (
+	"testing"
+	"time"
+
+	"github.com/twmb/franz-go/pkg/kgo"
+)
+
+const now = uint64(1_763_700_000_000)
+const sent = int64(now - 1_000)
+
+// read is what the broker does with a produced record (timestamped sent).
+func read(t *testing.T, r *kgo.Record) Outcome {
+	hs := []Header{}
+	for _, h := range r.Headers {
+		hs = append(hs, Header{h.Key, h.Value})
+	}
+	out, err := DefaultContract().Interpret(Record{Topic: r.Topic, Key: r.Key, Value: r.Value, Headers: hs, TimestampMs: sent}, now)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func TestDelayedCancelAndRetryReadAsIntended(t *testing.T) {
+	out := read(t, Delayed("delay.orders", "orders", []byte("v"), Key([]byte("k")), After(30*time.Second), ID("job-1"),
+		WithHeader("trace-id", []byte("t-1"))))
+	if out.Kind != "schedule" || out.Target != "orders" || out.DueMs != uint64(sent)+30_000 || string(out.ID) != "job-1" {
+		t.Fatalf("%+v", out)
+	}
+	if len(out.Headers) != 1 || out.Headers[0].Key != "trace-id" {
+		t.Fatalf("user headers %+v", out.Headers)
+	}
+	until := time.UnixMilli(int64(now) + 60_000)
+	if out := read(t, Delayed("delay.orders", "orders", []byte("v"), Until(until))); out.DueMs != now+60_000 {
+		t.Fatalf("until: %+v", out)
+	}
+	if out := read(t, Cancel("delay.orders", "job-1", []byte("k"))); out.Kind != "cancel" || string(out.ID) != "job-1" {
+		t.Fatalf("cancel: %+v", out)
+	}
+	consumed := &kgo.Record{Topic: "orders", Key: []byte("k"), Value: []byte("v"),
+		Headers: []kgo.RecordHeader{{Key: "trace-id", Value: []byte("t")}, {Key: "delay-origin-offset", Value: []byte("7")}}}
+	if Attempt(consumed) != 0 {
+		t.Fatal("a first delivery is attempt 0")
+	}
+	back := read(t, Retry(consumed, RetryAfter(2*time.Second), Reason("inventory 503")))
+	if back.Kind != "retry" || back.Target != "orders" || back.Attempt != 1 || back.DueMs != uint64(sent)+2_000 {
+		t.Fatalf("retry: %+v", back)
+	}
+	again := &kgo.Record{Topic: "orders", Key: []byte("k"), Value: []byte("v")}
+	for _, h := range back.Headers {
+		again.Headers = append(again.Headers, kgo.RecordHeader{Key: h.Key, Value: h.Value})
+	}
+	if Attempt(again) != 1 {
+		t.Fatalf("attempt %d", Attempt(again))
+	}
+	if out := read(t, Retry(again, MaxAttempts(1))); out.Kind != "exhausted" || out.DeadLetter != "orders.dlt" {
+		t.Fatalf("exhausted: %+v", out)
+	}
+}
