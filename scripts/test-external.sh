@@ -20,5 +20,7 @@ print([m["executable"] for m in map(json.loads, sys.stdin)
 export KAFKA_DELAY_BIN
 echo "the Python helper end to end with confluent-kafka ($KAFKA_DELAY_BIN)"
 (cd clients/python && python3 -m pytest -q e2e)
+echo "the Java helper end to end with kafka-clients"
+(cd clients/java && mvn -B -ntp test -Dgroups=e2e -Dtest.excluded=none)
 echo "the Go helper end to end with franz-go"
 (cd clients/go && go test -count=1 -tags e2e -run E2E ./...)
