@@ -64,7 +64,8 @@ test: deps kafka python
 	cargo test --features failpoints --bench timers
 	cd clients/python && python3 -m pytest -q tests
 	cd clients/go && go test -count=1 ./...
-	cd clients/java && mvn -B -ntp test
+	cd clients/java && mvn -B -ntp install
+	cd clients/java-spring && mvn -B -ntp test
 	bash scripts/kafka.sh run bash scripts/test-external.sh
 
 # The long fault runs of RELIABILITY.md: 100 kill -9 cycles, a 120 s Kafka outage, 1M records

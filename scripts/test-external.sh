@@ -22,5 +22,7 @@ echo "the Python helper end to end with confluent-kafka ($KAFKA_DELAY_BIN)"
 (cd clients/python && python3 -m pytest -q e2e)
 echo "the Java helper end to end with kafka-clients"
 (cd clients/java && mvn -B -ntp test -Dgroups=e2e -Dtest.excluded=none)
+echo "the Spring Kafka recoverer: a listener with kafka-delay in between"
+(cd clients/java-spring && mvn -B -ntp test -Dgroups=e2e -Dtest.excluded=none)
 echo "the Go helper end to end with franz-go"
 (cd clients/go && go test -count=1 -tags e2e -run E2E ./...)
