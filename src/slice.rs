@@ -8,11 +8,10 @@
 //! does not give the thread a larger share of the CPU (its weight, the nice value, stays), only
 //! an earlier turn: the scheduler thread runs for about 30 us per wake and sleeps to the next
 //! due millisecond, which is the work that shape suits. On this 2-core machine at 70% of the
-//! sustained rate with 1M pending, the wheel's p99 was at most 2 ms in 9 of 12 runs with 1 ms,
-//! 6 of 6 with 500 us and 11 of 11 with 100 us, against 1 of 15 with the kernel's own slice.
-//! At full throughput 1 ms cost no CPU per record that 12 pairs could show (median pair ratio
-//! 0.96), 100 us about 4% (1.04 over 4 pairs; 1.05-1.23 in 6 of 6 pairs in session 15). So the
-//! broker asks for 1 ms unless told otherwise (`--scheduler-slice`; `--short-scheduler-slice`
+//! sustained rate with 1M pending, 1 ms kept the wheel's p99 within 2 ms in most runs and
+//! 100 us in every run, where the kernel's own slice rarely did; at full throughput 1 ms cost
+//! no measurable CPU per record and 100 us about 4%. So the broker asks for 1 ms unless told
+//! otherwise (`--scheduler-slice`; `--short-scheduler-slice`
 //! for 100 us; BENCHMARKS.md, section 4).
 //!
 //! Older kernels ignore `sched_runtime` for normal threads; [`request`] then reports `None`.

@@ -97,6 +97,21 @@ async fn produce_plan(
     }
 }
 
+/// Produces `n` numbered records due from `start` every `spacing_ms` to the test's target, with
+/// a collector tallying what arrives there.
+async fn produce_tallied(
+    kafka: &Kafka,
+    t: &Topics,
+    n: usize,
+    start: u64,
+    spacing_ms: u64,
+) -> Arc<Mutex<Tally>> {
+    let (tally, dues) = tally(n, start, spacing_ms);
+    collector(kafka, &t.target, 1, tally.clone());
+    produce_plan(&kafka.producer(), &t.delay, &t.target, &tally, &dues, 0..n).await;
+    tally
+}
+
 fn tally(n: usize, start: u64, spacing_ms: u64) -> (Arc<Mutex<Tally>>, Vec<u64>) {
     let dues: Vec<u64> = (0..n as u64).map(|i| start + i * spacing_ms).collect();
     (
@@ -257,17 +272,7 @@ async fn mock_cluster_kafka_outage_loses_nothing_and_firing_catches_up() {
         panic!("the outage test takes brokers down in the in-process mock cluster");
     };
     // 300 records due from 2 s ahead until well inside the outage.
-    let (tally, dues) = tally(300, now_ms() + 2_000, 20);
-    collector(kafka, &t.target, 1, tally.clone());
-    produce_plan(
-        &kafka.producer(),
-        &t.delay,
-        &t.target,
-        &tally,
-        &dues,
-        0..300,
-    )
-    .await;
+    let tally = produce_tallied(kafka, t, 300, now_ms() + 2_000, 20).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     mock.cluster().broker_down(1).expect("broker down");
     let down_at = Instant::now();
@@ -974,17 +979,7 @@ async fn apache_kafka_broker_restart_while_records_come_due_loses_nothing() {
     let env = Env::start_on(kafka, Topics::new(), 1, &[]).await;
     let (kafka, t) = (&env.kafka, &env.t);
     // Due from 3 s ahead over 9 s: before, during and after the outage.
-    let (tally, dues) = tally(300, now_ms() + 3_000, 30);
-    collector(kafka, &t.target, 1, tally.clone());
-    produce_plan(
-        &kafka.producer(),
-        &t.delay,
-        &t.target,
-        &tally,
-        &dues,
-        0..300,
-    )
-    .await;
+    let tally = produce_tallied(kafka, t, 300, now_ms() + 3_000, 30).await;
     tokio::time::sleep(Duration::from_secs(4)).await;
     apache.stop();
     let down_at = Instant::now();

@@ -626,8 +626,8 @@ impl Store {
 /// entries of records still in flight lie among the gathered ones and end their runs, and each
 /// end costs an iterator seek through every memtable and table file of the index. With 4,096
 /// almost every entry was a run of its own once the index had table files: 1.2-1.6 us per
-/// record end to end in runs of 1.5M records, against 0.24 us with this many (the git history
-/// of BENCHMARKS.md, session 11).
+/// record end to end in runs of 1.5M records, against 0.24 us with this many (BENCHMARKS.md,
+/// "What was tried").
 const GATHER_DUE_DELETES: usize = if cfg!(test) { 16 } else { 65_536 };
 
 /// Shortest run of adjacent due-index entries deleted with one range tombstone. A range

@@ -153,24 +153,8 @@ impl Kafka {
         for r in res {
             r.unwrap_or_else(|(t, e)| panic!("delete {t}: {e}"));
         }
-        let client: rdkafka::producer::BaseProducer = ClientConfig::new()
-            .set("bootstrap.servers", self.brokers())
-            .set("allow.auto.create.topics", "false")
-            .create()
-            .expect("client");
         let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            let md = client
-                .client()
-                .fetch_metadata(Some(name), Duration::from_secs(5))
-                .expect("metadata");
-            if md
-                .topics()
-                .iter()
-                .all(|t| t.name() != name || t.error().is_some())
-            {
-                return;
-            }
+        while topic_exists(self, name) {
             assert!(Instant::now() < deadline, "topic {name} still there");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

@@ -58,8 +58,14 @@ class SpringRetryTest {
         return h == null ? null : new String(h.value(), UTF_8);
     }
 
-    /** kafka-delay for this run's topics; its retry topic is delay.RUN.retry. */
+    /**
+     * kafka-delay for this run's topics (created here): the listener's orders-RUN, the retry topic
+     * delay.RUN.retry and the broker's dead-letter topic dlt-RUN.
+     */
     static Process startBroker(String run) throws Exception {
+        assertNotNull(BROKERS, "set KAFKA_DELAY_TEST_BROKERS (scripts/test-external.sh does)");
+        assertNotNull(BIN, "set KAFKA_DELAY_BIN (scripts/test-external.sh does)");
+        createTopics("delay." + run + ".retry", "orders-" + run, "dlt-" + run);
         int port;
         try (ServerSocket s = new ServerSocket(0)) {
             port = s.getLocalPort();
@@ -135,10 +141,7 @@ class SpringRetryTest {
 
     @Test
     void failingTwiceThenSucceedingGetsNonBlockingRetriesAndNothingIsDeadLettered() throws Exception {
-        assertNotNull(BROKERS, "set KAFKA_DELAY_TEST_BROKERS (scripts/test-external.sh does)");
-        assertNotNull(BIN, "set KAFKA_DELAY_BIN (scripts/test-external.sh does)");
         String run = "spring_" + (System.nanoTime() % 1_000_000_000L), target = "orders-" + run;
-        createTopics("delay." + run + ".retry", target, "dlt-" + run);
         Process broker = startBroker(run);
         try {
             List<Seen> seen = listen(run, target, 0, attempt -> attempt < 2, new CountDownLatch(3));
@@ -168,10 +171,7 @@ class SpringRetryTest {
 
     @Test
     void withTheMaximumLoweredTheRecordLandsInTheTargetsDeadLetterTopic() throws Exception {
-        assertNotNull(BROKERS, "set KAFKA_DELAY_TEST_BROKERS (scripts/test-external.sh does)");
-        assertNotNull(BIN, "set KAFKA_DELAY_BIN (scripts/test-external.sh does)");
         String run = "springdlt_" + (System.nanoTime() % 1_000_000_000L), target = "orders-" + run;
-        createTopics("delay." + run + ".retry", target, "dlt-" + run);
         Process broker = startBroker(run);
         try {
             List<Seen> seen = listen(run, target, 1, attempt -> true, new CountDownLatch(2));
