@@ -225,6 +225,7 @@ pub async fn start(
         },
         in_flight: config.in_flight,
         in_flight_ids: Arc::default(),
+        limits: Arc::new(config.limits.clone()),
     };
     let publisher = tokio::spawn(publisher.run(due_rx, stop_rest_rx, completions));
 

@@ -11,6 +11,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use regex::Regex;
 
+use crate::limit::{Limits, Rate, Rule};
 use crate::record::{time::parse_duration_ms, Contract};
 use crate::retry::{self, Policy, Retries};
 
@@ -172,6 +173,22 @@ pub struct RunArgs {
     /// Most deliveries in flight at once.
     #[arg(long, env = "KAFKA_DELAY_IN_FLIGHT", default_value_t = 10_000)]
     pub in_flight: usize,
+    /// Fire limit of the targets matching a regex, REGEX=RATE[,burst=N][,spread=DURATION]
+    /// (repeatable; the first match wins; each target gets a pace of its own). RATE is like
+    /// 500/s, 30000/min or 1000/h; burst (default 1) records may go at once after a quiet
+    /// spell; spread sends records due at the same time at a time of their own within that
+    /// window after their due time, never before it. A held record waits for its turn without
+    /// holding up other targets. Applies per instance.
+    #[arg(
+        long = "fire-rate",
+        env = "KAFKA_DELAY_FIRE_RATE",
+        value_delimiter = ';',
+        value_parser = Limits::parse_rule
+    )]
+    pub fire_rate: Vec<Rule>,
+    /// Fire limit over all targets together, RATE[,burst=N], on top of --fire-rate.
+    #[arg(long, env = "KAFKA_DELAY_FIRE_RATE_GLOBAL", value_parser = Limits::parse_global)]
+    pub fire_rate_global: Option<Rate>,
     /// How often to look for new source topics.
     #[arg(long, env = "KAFKA_DELAY_TOPIC_REFRESH", default_value = "5s")]
     pub topic_refresh: String,
@@ -227,6 +244,8 @@ pub struct Config {
     pub keep_bytes: usize,
     /// In-flight deliveries.
     pub in_flight: usize,
+    /// Fire rate limits and spreading.
+    pub limits: Limits,
     /// New-topic discovery interval, ms.
     pub topic_refresh_ms: u64,
     /// Extra librdkafka properties (their `Debug` redacts secrets).
@@ -439,6 +458,10 @@ impl RunArgs {
             keep_within_ms,
             keep_bytes,
             in_flight: self.in_flight,
+            limits: Limits {
+                rules: self.fire_rate.clone(),
+                global: self.fire_rate_global,
+            },
             topic_refresh_ms,
             kafka_config: self.kafka_config.clone(),
             log_json,
@@ -755,6 +778,37 @@ mod tests {
         }
         let err = parse(&["--brokers", "a:1", "--http-addr", "nowhere"]).unwrap_err();
         assert!(err.contains("--http-addr"), "{err}");
+    }
+
+    #[test]
+    fn fire_limits_come_from_repeated_flags() {
+        let c = parse(&[
+            "--brokers",
+            "a:1",
+            "--fire-rate",
+            "^orders$=500/s,burst=50",
+            "--fire-rate",
+            "^reminders=spread=1m",
+            "--fire-rate-global",
+            "2000/s",
+        ])
+        .unwrap();
+        assert_eq!(c.limits.rules.len(), 2);
+        assert_eq!(c.limits.rules[0].rate.unwrap().burst, 50);
+        assert_eq!(c.limits.rules[1].spread_ms, 60_000);
+        assert_eq!(c.limits.global.unwrap().per_second, 2_000.0);
+        assert!(parse(&["--brokers", "a:1"]).unwrap().limits.is_empty());
+        for (args, says) in [
+            (
+                ["--fire-rate", "^orders$"],
+                "invalid value '^orders$' for '--fire-rate",
+            ),
+            (["--fire-rate", "^orders$=500/s,burst=-1"], "burst '-1'"),
+            (["--fire-rate-global", "lots"], "rate 'lots'"),
+        ] {
+            let err = parse(&[&["--brokers", "a:1"][..], &args[..]].concat()).unwrap_err();
+            assert!(err.contains(says), "{args:?}: {err}");
+        }
     }
 
     #[test]

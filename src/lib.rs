@@ -18,6 +18,7 @@ pub mod hashing;
 pub mod http;
 pub mod ingest;
 pub mod kafka;
+pub mod limit;
 pub mod metrics;
 pub mod publish;
 pub mod record;

@@ -64,8 +64,16 @@ pub struct Metrics {
     pub wheel_loaded_until: IntGauge,
     /// Fire time minus due time (the wheel's lateness).
     pub fire_lateness: Histogram,
-    /// Delivery acknowledgement time minus due time (end to end).
+    /// Delivery acknowledgement time minus due time, or minus the time a fire limit let the
+    /// record go: lateness caused by load, not by limits.
     pub delivery_lateness: Histogram,
+    /// For records a fire limit or spread held back: the time it let them go minus their due
+    /// time (intended lateness).
+    pub fire_limit_lateness: Histogram,
+    /// Records held back by a fire limit or spread now, by target topic.
+    pub fire_held: IntGaugeVec,
+    /// Times a record was held back by a fire limit or spread, by target topic.
+    pub fire_held_total: IntCounterVec,
     /// Delivery acknowledgement time minus the time the record was handed to the producer
     /// (Kafka's produce round trip under the broker's load, linger included).
     pub produce_round_trip: Histogram,
@@ -219,11 +227,25 @@ impl Metrics {
             )?,
             fire_lateness: lateness(
                 "kafka_delay_fire_lateness_seconds",
-                "Time the timer fired minus the record's due time.",
+                "Time the timer fired minus the time it was set for (the record's due time, or the time a fire limit let it go).",
             )?,
             delivery_lateness: lateness(
                 "kafka_delay_delivery_lateness_seconds",
-                "Time the target acknowledged the record minus its due time.",
+                "Time the target acknowledged the record minus its due time, or minus the time a fire limit let it go (lateness from load, not from limits).",
+            )?,
+            fire_limit_lateness: lateness(
+                "kafka_delay_fire_limit_lateness_seconds",
+                "For records a fire limit or spread held back: the time it let them go minus their due time.",
+            )?,
+            fire_held: gauge_vec(
+                "kafka_delay_fire_held_records",
+                "Records held back by a fire limit or spread now, by target topic.",
+                &["target"],
+            )?,
+            fire_held_total: counter_vec(
+                "kafka_delay_fire_held_total",
+                "Times a record was held back by a fire limit or spread, by target topic.",
+                "target",
             )?,
             produce_round_trip: lateness(
                 "kafka_delay_fire_produce_seconds",

@@ -261,6 +261,36 @@ fn bad_flags_fail_at_start_with_a_message_saying_what_to_fix() {
             ],
             "loop",
         ),
+        (
+            &[
+                "run",
+                "--brokers",
+                "127.0.0.1:1",
+                "--fire-rate",
+                "^orders$=fast",
+            ],
+            "rate 'fast': give records per time unit, e.g. 500/s",
+        ),
+        (
+            &[
+                "run",
+                "--brokers",
+                "127.0.0.1:1",
+                "--fire-rate",
+                "^orders$=500/s,burst=0",
+            ],
+            "burst '0': a whole number from 1",
+        ),
+        (
+            &[
+                "run",
+                "--brokers",
+                "127.0.0.1:1",
+                "--fire-rate-global",
+                "0/s",
+            ],
+            "--fire-rate-global",
+        ),
     ];
     for (args, want) in cases {
         let out = Command::new(BIN).args(args).output().unwrap();

@@ -27,6 +27,7 @@ use tracing::{error, info, warn};
 
 use crate::clock::Clock;
 use crate::hashing::BuildMul;
+use crate::limit::{Decision, Limiter, Limits};
 use crate::metrics::Metrics;
 use crate::record::{names, Header, HeaderRef, Reason, Reject};
 use crate::scheduler::{Due, Inserts, Wake};
@@ -140,6 +141,8 @@ pub struct Publisher {
     /// Records between produce and delete: a second timer for one of them (an operator moved
     /// it) is skipped rather than published twice.
     pub in_flight_ids: Arc<Mutex<HashSet<RecordId, BuildMul>>>,
+    /// Fire rate limits and spreading.
+    pub limits: Arc<Limits>,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -162,6 +165,7 @@ impl Publisher {
     ) {
         let sem = Arc::new(Semaphore::new(self.in_flight));
         let attempts: AttemptMap = Arc::default();
+        let mut limiter = Limiter::new(Limits::clone(&self.limits));
         let (stop_completer, stopped) = oneshot::channel();
         let completer = tokio::spawn(
             self.clone()
@@ -173,7 +177,7 @@ impl Publisher {
                 _ = shutdown.changed() => break,
                 b = due.recv() => match b { Some(b) => b, None => break },
             };
-            self.fire(batch, &sem, &attempts).await;
+            self.fire(batch, &sem, &attempts, &mut limiter).await;
         }
         // Every record between produce and delete holds a permit until its outcome has been
         // handled: once all are back, nothing is in flight. librdkafka reports every record
@@ -197,7 +201,13 @@ impl Publisher {
         }
     }
 
-    async fn fire(&self, batch: Vec<Due>, sem: &Arc<Semaphore>, attempts: &AttemptMap) {
+    async fn fire(
+        &self,
+        batch: Vec<Due>,
+        sem: &Arc<Semaphore>,
+        attempts: &AttemptMap,
+        limiter: &mut Limiter,
+    ) {
         // Claim each record before reading it: one already being published through another
         // timer (an operator moved it) is skipped, and one read after its claim stays in the
         // store until this publisher deletes it, unless the store's change count moves (see
@@ -260,6 +270,9 @@ impl Publisher {
         }
         if !gone.is_empty() || !moved.is_empty() {
             self.release(gone.iter().map(|d| d.id).chain(moved.iter().copied()));
+            for id in gone.iter().map(|d| d.id).chain(moved.iter().copied()) {
+                limiter.forget(id);
+            }
             self.metrics
                 .fire_skipped
                 .inc_by((gone.len() + moved.len()) as u64);
@@ -274,7 +287,8 @@ impl Publisher {
             let entries: Vec<(u64, RecordId)> = gone.iter().map(|d| (d.at_ms, d.id)).collect();
             tokio::task::spawn_blocking(move || store.forget_due(entries));
         }
-        for (due, record) in publish {
+        let publish = self.limit(publish, limiter).await;
+        for (due, record, released_ms) in publish {
             // `run` owns the semaphore and never closes it.
             let Ok(permit) = sem.clone().acquire_owned().await else {
                 return;
@@ -284,12 +298,62 @@ impl Publisher {
                 record,
                 _permit: permit,
                 sent_ms: self.clock.now_ms(),
+                released_ms,
                 read_at,
             });
             if let Err((e, sent)) = self.produce(sent).await {
                 self.reports.send(sent, Err(e));
             }
         }
+    }
+
+    /// The records the fire limits let go now, in due order, each with the time it was let go;
+    /// the others go back to the scheduler for the time the limits give them.
+    async fn limit(
+        &self,
+        mut records: Vec<(Due, StoredRecord)>,
+        limiter: &mut Limiter,
+    ) -> Vec<(Due, StoredRecord, u64)> {
+        if limiter.is_empty() {
+            return records
+                .into_iter()
+                .map(|(due, r)| {
+                    let due_ms = r.due_ms();
+                    (due, r, due_ms)
+                })
+                .collect();
+        }
+        // In due order, then source offset: a limited target's line keeps that order.
+        records.sort_unstable_by_key(|(d, r)| (r.due_ms(), d.id));
+        let now = self.clock.now_ms();
+        let mut go = Vec::with_capacity(records.len());
+        let mut held = Vec::new();
+        let mut early = Vec::new();
+        for (due, record) in records {
+            match limiter.decide(due.id, record.target(), record.due_ms(), now) {
+                Decision::Go { released_ms } => go.push((due, record, released_ms)),
+                Decision::Hold { until_ms } => {
+                    self.metrics
+                        .fire_held_total
+                        .with_label_values(&[record.target()])
+                        .inc();
+                    held.push((until_ms, due.id));
+                }
+                Decision::Early => early.push(due.id),
+            }
+        }
+        self.metrics.fire_skipped.inc_by(early.len() as u64);
+        self.release(held.iter().map(|&(_, id)| id).chain(early));
+        for (target, n) in limiter.held_by_target() {
+            self.metrics
+                .fire_held
+                .with_label_values(&[target])
+                .set(n as i64);
+        }
+        if !held.is_empty() && self.retries.send(Wake::Retry(held)).await.is_err() {
+            info!("scheduler stopped; records held by a fire limit fire after restart");
+        }
+        go
     }
 
     /// Gives up the claims on records that will not be published now.
@@ -413,9 +477,17 @@ impl Publisher {
             let sent = o.sent;
             let err = match o.result {
                 Ok(()) => {
+                    // Lateness from load: from the time the fire limits let it go (its due
+                    // time when none held it); what a limit added is kept apart.
+                    let due_ms = sent.record.due_ms();
                     self.metrics.delivery_lateness.observe(
-                        o.reported_ms.saturating_sub(sent.record.due_ms()) as f64 / 1000.0,
+                        o.reported_ms.saturating_sub(sent.released_ms.max(due_ms)) as f64 / 1000.0,
                     );
+                    if sent.released_ms > due_ms {
+                        self.metrics
+                            .fire_limit_lateness
+                            .observe((sent.released_ms - due_ms) as f64 / 1000.0);
+                    }
                     self.metrics
                         .produce_round_trip
                         .observe(o.reported_ms.saturating_sub(sent.sent_ms) as f64 / 1000.0);

@@ -27,6 +27,8 @@ pub struct Sent {
     pub(crate) _permit: OwnedSemaphorePermit,
     /// When it was handed to the producer (epoch ms; its `delay-fired-ms`).
     pub(crate) sent_ms: u64,
+    /// When the fire limits let it go (epoch ms): its due time when none held it.
+    pub(crate) released_ms: u64,
     /// The store's change count before it was read.
     pub(crate) read_at: u64,
 }
