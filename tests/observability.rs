@@ -152,7 +152,11 @@ fn promql_names_are_found_in_expressions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_dashboard_queries_only_exported_metrics_and_promtool_accepts_a_real_scrape() {
-    let env = Env::start(1, &[]).await;
+    // A fire limit on the target, loose enough to hold nothing here, gives the held-back
+    // gauge a series.
+    let t = Topics::new();
+    let limit = format!("^{}$=1000/s,burst=100", t.target);
+    let env = Env::start_with(t, 1, &["--fire-rate", &limit]).await;
     let (kafka, t, addr) = (&env.kafka, &env.t, env.broker.http_addr());
     // Give every labelled family a series: a delivery, a reject, a retry, a pending record.
     let producer = kafka.producer();
@@ -247,6 +251,7 @@ async fn the_dashboard_queries_only_exported_metrics_and_promtool_accepts_a_real
         "kafka_delay_retry_exhausted_total",
         "kafka_delay_fire_produce_errors_total",
         "kafka_delay_admin_requests_total",
+        "kafka_delay_fire_held_records",
         "process_resident_memory_bytes",
     ] {
         assert!(

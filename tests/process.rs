@@ -235,7 +235,7 @@ fn embedded_kafka_mode_delivers_records_produced_with_kcat() {
 
 #[test]
 fn bad_flags_fail_at_start_with_a_message_saying_what_to_fix() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 7] = [
         (&["run"], "--brokers"),
         (
             &["run", "--brokers", "127.0.0.1:1", "--max-delay", "ten days"],
