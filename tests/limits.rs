@@ -227,7 +227,8 @@ async fn a_restart_in_the_middle_of_a_paced_wave_loses_nothing_and_keeps_the_rat
     let kafka = Kafka::External(brokers.clone());
     let t = Topics::new();
     kafka.create_topic(&t.delay, 1).await;
-    kafka.create_topic(&t.target, 2).await;
+    // The sandbox makes topics with a partition count of its own: read them all.
+    let partitions = kafka.create_topic(&t.target, 2).await;
     kafka.create_topic(&t.dlt, 1).await;
     let data = TempDir::new().unwrap();
     let port = free_port();
@@ -236,7 +237,7 @@ async fn a_restart_in_the_middle_of_a_paced_wave_loses_nothing_and_keeps_the_rat
     let broker = spawn_broker_with(&brokers, &t, &data, port, &env);
     wait_ready(port, Duration::from_secs(60)).await;
     let producer = kafka.producer();
-    let reader = reader(&kafka, &t.target, 2);
+    let reader = reader(&kafka, &t.target, partitions);
     let due_ms = now_ms() + 3_000;
     let due = due_ms.to_string();
     produce_many(
