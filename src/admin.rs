@@ -42,13 +42,14 @@ pub const ROUTES: [(&str, &str); 8] = [
 ];
 
 /// Actions counted in `kafka_delay_admin_requests_total`.
-pub const ACTIONS: [&str; 6] = [
+pub const ACTIONS: [&str; 7] = [
     "cancel",
     "reschedule",
     "fire",
     "bulk_cancel",
     "bulk_reschedule",
     "bulk_fire",
+    "replay",
 ];
 /// Outcomes counted in `kafka_delay_admin_requests_total`.
 pub const OUTCOMES: [&str; 4] = ["ok", "not_found", "error", "denied"];
@@ -77,6 +78,8 @@ pub struct Admin {
     pub loopback: bool,
     /// Furthest a reschedule may move a record ahead of now.
     pub max_delay_ms: u64,
+    /// What the web console's part of the API reads.
+    pub console: crate::console::Console,
 }
 
 impl std::fmt::Debug for Admin {
@@ -90,7 +93,7 @@ impl std::fmt::Debug for Admin {
 
 /// An error answer: a status and a sentence.
 #[derive(Debug)]
-struct ApiError(StatusCode, String);
+pub(crate) struct ApiError(pub(crate) StatusCode, pub(crate) String);
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
@@ -98,13 +101,13 @@ impl IntoResponse for ApiError {
     }
 }
 
-type ApiResult = Result<Json<Value>, ApiError>;
+pub(crate) type ApiResult = Result<Json<Value>, ApiError>;
 
-fn bad(msg: impl Into<String>) -> ApiError {
+pub(crate) fn bad(msg: impl Into<String>) -> ApiError {
     ApiError(StatusCode::BAD_REQUEST, msg.into())
 }
 
-fn internal(e: impl std::fmt::Display) -> ApiError {
+pub(crate) fn internal(e: impl std::fmt::Display) -> ApiError {
     ApiError(StatusCode::INTERNAL_SERVER_ERROR, e.to_string())
 }
 
@@ -118,11 +121,15 @@ pub fn router(admin: Admin) -> Router {
         .route("/api/v1/bulk/cancel", post(bulk_cancel))
         .route("/api/v1/bulk/reschedule", post(bulk_reschedule))
         .route("/api/v1/bulk/fire", post(bulk_fire))
-        .with_state(admin)
+        .with_state(admin.clone())
+        .merge(crate::console::router(admin))
 }
 
 impl Admin {
-    fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+    /// Lets a request through if it comes from this server's own pages or from outside a
+    /// browser, and carries the token when one is set (see [`same_origin`]).
+    pub(crate) fn authorize(&self, headers: &HeaderMap) -> Result<(), ApiError> {
+        same_origin(headers, self.token.is_none())?;
         match &self.token {
             Some(token) => {
                 let given = headers
@@ -156,7 +163,7 @@ impl Admin {
     }
 
     /// Runs a state-changing action: authorizes, counts and logs it.
-    fn mutate(
+    pub(crate) fn mutate(
         &self,
         headers: &HeaderMap,
         action: &str,
@@ -208,6 +215,56 @@ impl Admin {
     }
 }
 
+/// Refuses what a page of another origin could send from an operator's browser (CSRF), and,
+/// when no token is set, a request for a host name that is not a loopback one (DNS rebinding:
+/// another site's name made to point at 127.0.0.1 would make its pages same-origin).
+///
+/// Browsers mark every request a page makes: `Origin` on every POST and DELETE (and on
+/// cross-origin GETs), `Sec-Fetch-Site` on all of them. A request whose `Origin` is not this
+/// host, or whose `Sec-Fetch-Site` says another site, is refused; curl and other clients send
+/// neither and are let through. The API never answers a CORS preflight, so a cross-origin
+/// page cannot send a request with a JSON body or a bearer token either.
+fn same_origin(headers: &HeaderMap, loopback_only: bool) -> Result<(), ApiError> {
+    let get = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let host = get("host").unwrap_or_default();
+    let refuse = |why: String| Err(ApiError(StatusCode::FORBIDDEN, why));
+    if let Some(origin) = get("origin") {
+        let authority = origin
+            .strip_prefix("http://")
+            .or_else(|| origin.strip_prefix("https://"));
+        if authority != Some(host) {
+            return refuse(format!(
+                "cross-origin request refused: Origin {origin} is not this server ({host})"
+            ));
+        }
+    }
+    if matches!(get("sec-fetch-site"), Some("cross-site" | "same-site")) {
+        return refuse("cross-site request refused".into());
+    }
+    if loopback_only && !host.is_empty() && !is_loopback_host(host) {
+        return refuse(format!(
+            "host '{host}' is not a loopback name: without --admin-token the API answers only \
+             requests for 127.0.0.1, [::1] or localhost"
+        ));
+    }
+    Ok(())
+}
+
+/// Whether a `Host` header names a loopback address (with or without a port).
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.rsplit_once(':') {
+        Some((name, port)) if port.chars().all(|c| c.is_ascii_digit()) && !name.ends_with(':') => {
+            name
+        }
+        _ => host,
+    };
+    let name = name.trim_start_matches('[').trim_end_matches(']');
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|ip| ip.is_loopback())
+}
+
 fn constant_time_eq(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
 }
@@ -253,6 +310,7 @@ fn detail(store: &Store, rid: RecordId, rec: &StoredRecord) -> Value {
     v["delay_id"] = text(rec.id());
     v["key"] = text(rec.key());
     v["value"] = text(rec.value());
+    v["value_hex"] = crate::console::hex(rec.value());
     v["value_bytes"] = json!(rec.value().map(<[u8]>::len));
     v["headers"] = rec
         .headers()
@@ -271,6 +329,8 @@ struct Filter {
     due_to: Option<String>,
     /// The delay-id (in any source partition).
     delay_id: Option<String>,
+    /// The key, as text (each index entry examined is read to compare it).
+    key: Option<String>,
     limit: Option<usize>,
     cursor: Option<String>,
     /// Bulk only: act on every pending record when no other filter is given.
@@ -302,13 +362,22 @@ fn select(store: &Store, f: &Filter, limit: usize, budget: usize) -> Result<Sele
     let from = time_bound("due_from", &f.due_from)?.unwrap_or(0);
     let to = time_bound("due_to", &f.due_to)?.unwrap_or(u64::MAX);
     let target_ok = |t: &str| f.target.as_deref().is_none_or(|want| want == t);
+    let key_ok = |rid: RecordId| {
+        f.key.as_deref().is_none_or(|want| {
+            store
+                .get(&[rid])
+                .ok()
+                .and_then(|mut r| r.pop().flatten())
+                .is_some_and(|r| r.key() == Some(want.as_bytes()))
+        })
+    };
     if let Some(id) = &f.delay_id {
         let mut out = Vec::new();
         for (due, rid) in store.find_id(id.as_bytes()).map_err(internal)? {
             let Some(rec) = store.get(&[rid]).map_err(internal)?.pop().flatten() else {
                 continue;
             };
-            if (from..=to).contains(&due) && target_ok(rec.target()) {
+            if (from..=to).contains(&due) && target_ok(rec.target()) && key_ok(rid) {
                 out.push((due, rid, rec.target().to_owned()));
             }
         }
@@ -319,7 +388,9 @@ fn select(store: &Store, f: &Filter, limit: usize, budget: usize) -> Result<Sele
         None => Position::Due(from),
     };
     let (rows, next) = store
-        .list(start, to, limit, budget, |_, t| target_ok(t))
+        .list(start, to, limit, budget, |_, rid, t| {
+            target_ok(t) && key_ok(rid)
+        })
         .map_err(internal)?;
     let next = next.map(|p| match p {
         Position::At(due, rid) => format!("{due}-{}", id_text(rid)),
@@ -462,6 +533,7 @@ fn bulk(
         && f.due_from.is_none()
         && f.due_to.is_none()
         && f.delay_id.is_none()
+        && f.key.is_none()
         && !f.all
     {
         return Err(bad(
@@ -488,8 +560,8 @@ fn bulk(
 
 fn bulk_what(f: &Filter) -> String {
     format!(
-        "target={:?} due_from={:?} due_to={:?} delay_id={:?} all={}",
-        f.target, f.due_from, f.due_to, f.delay_id, f.all
+        "target={:?} due_from={:?} due_to={:?} delay_id={:?} key={:?} all={}",
+        f.target, f.due_from, f.due_to, f.delay_id, f.key, f.all
     )
 }
 
@@ -546,6 +618,56 @@ mod tests {
     use super::*;
 
     #[test]
+    fn pages_of_other_origins_and_rebound_host_names_are_refused() {
+        let h = |pairs: &[(&'static str, &str)]| {
+            let mut m = HeaderMap::new();
+            for (k, v) in pairs {
+                m.insert(*k, v.parse().unwrap());
+            }
+            m
+        };
+        // curl: no Origin, no Sec-Fetch-Site.
+        assert!(same_origin(&h(&[("host", "127.0.0.1:9464")]), true).is_ok());
+        assert!(same_origin(&h(&[("host", "localhost")]), true).is_ok());
+        assert!(same_origin(&h(&[("host", "[::1]:9464")]), true).is_ok());
+        // The console's own page.
+        let own = [
+            ("host", "127.0.0.1:9464"),
+            ("origin", "http://127.0.0.1:9464"),
+            ("sec-fetch-site", "same-origin"),
+        ];
+        assert!(same_origin(&h(&own), true).is_ok());
+        // Another site's page posting to the loopback API.
+        for bad in [
+            vec![
+                ("host", "127.0.0.1:9464"),
+                ("origin", "https://evil.example"),
+            ],
+            vec![("host", "127.0.0.1:9464"), ("origin", "null")],
+            vec![("host", "127.0.0.1:9464"), ("sec-fetch-site", "cross-site")],
+            vec![
+                ("host", "127.0.0.1:9464"),
+                ("origin", "http://127.0.0.1:8080"),
+            ],
+        ] {
+            assert_eq!(
+                same_origin(&h(&bad), true).unwrap_err().0,
+                StatusCode::FORBIDDEN,
+                "{bad:?}"
+            );
+        }
+        // DNS rebinding: another name for 127.0.0.1 is refused without a token, allowed with.
+        let rebound = [
+            ("host", "evil.example:9464"),
+            ("origin", "http://evil.example:9464"),
+        ];
+        assert!(same_origin(&h(&rebound), true).is_err());
+        assert!(same_origin(&h(&rebound), false).is_ok());
+        assert!(!is_loopback_host("127.0.0.1.evil.example"));
+        assert!(is_loopback_host("127.0.0.2:80"));
+    }
+
+    #[test]
     fn the_openapi_document_lists_exactly_the_routes() {
         let doc: Value =
             serde_json::from_str(include_str!("../schemas/admin.openapi.json")).unwrap();
@@ -561,6 +683,7 @@ mod tests {
         documented.sort();
         let mut routes: Vec<(String, String)> = ROUTES
             .iter()
+            .chain(&crate::console::ROUTES)
             .map(|(m, p)| ((*m).into(), (*p).into()))
             .collect();
         routes.sort();
@@ -581,6 +704,7 @@ mod tests {
             token: token.map(str::to_owned),
             loopback,
             max_delay_ms: 1,
+            console: crate::console::Console::default(),
         };
         let none = HeaderMap::new();
         let mut good = HeaderMap::new();

@@ -125,6 +125,9 @@ pub async fn start(
         })
     };
     let (insert_tx, insert_rx) = mpsc::channel::<Wake>(1_024);
+    let history = crate::publish::history::History::default();
+    let console = console(&config, history.clone());
+    spawn_minutes(&console, &metrics, clock.clone(), stop_rest_rx.clone());
     let admin = crate::admin::Admin {
         store: store.clone(),
         scheduler: insert_tx.clone(),
@@ -133,6 +136,7 @@ pub async fn start(
         token: config.admin_token.as_ref().map(|s| s.0.clone()),
         loopback: config.http_addr.ip().is_loopback(),
         max_delay_ms: config.contract.max_delay_ms,
+        console,
     };
     if !admin.loopback && admin.token.is_none() {
         warn!(addr = %config.http_addr,
@@ -226,6 +230,7 @@ pub async fn start(
         in_flight: config.in_flight,
         in_flight_ids: Arc::default(),
         limits: Arc::new(config.limits.clone()),
+        history: history.clone(),
     };
     let publisher = tokio::spawn(publisher.run(due_rx, stop_rest_rx, completions));
 
@@ -333,4 +338,51 @@ impl Running {
             }
         }
     }
+}
+
+/// What the web console reads besides the store.
+fn console(config: &Config, history: crate::publish::history::History) -> crate::console::Console {
+    use crate::console::dead_letters::{template_regex, Source};
+    let retry = &config.contract.retry;
+    let templates = std::iter::once(&retry.default)
+        .chain(retry.by_target.iter().map(|(_, p)| p))
+        .filter_map(|p| template_regex(&p.dead_letter))
+        .collect();
+    crate::console::Console {
+        history,
+        dead_letters: Source {
+            brokers: config.brokers.clone(),
+            kafka_config: config.kafka_config.clone(),
+            topic: config.dead_letter_topic.clone(),
+            templates,
+        },
+        replays: crate::console::replays::Replays::default(),
+        minutes: crate::console::minutes::Minutes::default(),
+        instance_id: config.instance_id.clone(),
+        group_id: config.group_id.clone(),
+        http_addr: config.http_addr.to_string(),
+    }
+}
+
+/// Samples the fired and dead-lettered totals every 10 s for the console's per-minute counts.
+fn spawn_minutes(
+    console: &crate::console::Console,
+    metrics: &Metrics,
+    clock: Arc<dyn Clock>,
+    mut stop: watch::Receiver<bool>,
+) {
+    let (minutes, metrics) = (console.minutes.clone(), metrics.clone());
+    tokio::spawn(async move {
+        loop {
+            minutes.sample(
+                clock.now_ms(),
+                crate::console::total(&metrics.fired),
+                crate::console::total(&metrics.dead_lettered),
+            );
+            tokio::select! {
+                _ = stop.changed() => return,
+                _ = tokio::time::sleep(std::time::Duration::from_secs(10)) => {}
+            }
+        }
+    });
 }

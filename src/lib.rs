@@ -13,6 +13,7 @@ pub mod bench;
 pub mod client;
 pub mod clock;
 pub mod config;
+pub mod console;
 pub mod failpoint;
 pub mod hashing;
 pub mod http;

@@ -89,7 +89,7 @@ impl Filter {
         })
     }
 
-    fn matches(&self, key: Option<&[u8]>, headers: &[Header]) -> bool {
+    pub(crate) fn matches(&self, key: Option<&[u8]>, headers: &[Header]) -> bool {
         let has = |name: &str, value: &str| {
             headers
                 .iter()

@@ -13,6 +13,7 @@
 //! so one unavailable target never holds up the others.
 
 pub mod dead_letter;
+pub mod history;
 pub mod reports;
 
 use std::collections::{HashMap, HashSet};
@@ -143,6 +144,8 @@ pub struct Publisher {
     pub in_flight_ids: Arc<Mutex<HashSet<RecordId, BuildMul>>>,
     /// Fire rate limits and spreading.
     pub limits: Arc<Limits>,
+    /// The most recently fired records, for the console.
+    pub history: history::History,
 }
 
 impl std::fmt::Debug for Publisher {
@@ -473,6 +476,7 @@ impl Publisher {
         let read_at = outcomes.iter().map(|o| o.sent.read_at).min().unwrap_or(0);
         // Dead-lettered after failed deliveries: deleted like the delivered ones, not counted.
         let mut dead_lettered = Vec::new();
+        let mut fired = Vec::new();
         for o in outcomes {
             let sent = o.sent;
             let err = match o.result {
@@ -488,6 +492,15 @@ impl Publisher {
                             .fire_limit_lateness
                             .observe((sent.released_ms - due_ms) as f64 / 1000.0);
                     }
+                    fired.push(history::Fired {
+                        id: format!("{:016x}", sent.id.0),
+                        target: sent.record.target().to_owned(),
+                        key: history::text(sent.record.key()),
+                        delay_id: history::text(sent.record.id()),
+                        due_ms,
+                        fired_ms: sent.sent_ms,
+                        acked_ms: o.reported_ms,
+                    });
                     self.metrics
                         .produce_round_trip
                         .observe(o.reported_ms.saturating_sub(sent.sent_ms) as f64 / 1000.0);
@@ -534,6 +547,7 @@ impl Publisher {
             }
         }
         self.count_fired(&finished, attempts);
+        self.history.extend(fired);
         finished.append(&mut dead_lettered);
         // Shared with the blocking delete; their permits go back with the others' below.
         let finished = Arc::new(finished);

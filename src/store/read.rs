@@ -119,7 +119,7 @@ impl Store {
     }
 
     /// Pending records in due order, starting at `from`, up to due time `until_ms`: at most
-    /// `limit` of those for which `keep(due, target)` holds, examining at most `budget` index
+    /// `limit` of those for which `keep(due, id, target)` holds, examining at most `budget` index
     /// entries. Returns (due, id, target) triples and where to go on from (`None`: no more).
     ///
     /// # Errors
@@ -130,7 +130,7 @@ impl Store {
         until_ms: u64,
         limit: usize,
         budget: usize,
-        mut keep: impl FnMut(u64, &str) -> bool,
+        mut keep: impl FnMut(u64, RecordId, &str) -> bool,
     ) -> Result<Page> {
         self.delete_gathered_locked();
         let mut iter = self.db.raw_iterator_cf(self.cf(CF_DUE));
@@ -150,7 +150,7 @@ impl Store {
             }
             examined += 1;
             let target = due_entry_target(&iter);
-            if keep(due, &target) {
+            if keep(due, rid, &target) {
                 out.push((due, rid, target));
             }
             iter.next();

@@ -677,7 +677,7 @@ fn listing_pages_through_the_due_index_with_filters_and_a_budget() {
     let mut seen = Vec::new();
     loop {
         let (page, next) = store
-            .list(from, u64::MAX, 2, usize::MAX, |_, t| t == "odd")
+            .list(from, u64::MAX, 2, usize::MAX, |_, _, t| t == "odd")
             .unwrap();
         seen.extend(page.iter().map(|(d, _, t)| (*d, t.clone())));
         match next {
@@ -692,7 +692,7 @@ fn listing_pages_through_the_due_index_with_filters_and_a_budget() {
     assert_eq!(seen, want);
     // A due-time range, and a budget that stops early with a position to go on from.
     let (page, next) = store
-        .list(Position::Due(1_020), 1_050, 100, 100, |_, _| true)
+        .list(Position::Due(1_020), 1_050, 100, 100, |_, _, _| true)
         .unwrap();
     assert_eq!(
         page.iter().map(|p| p.0).collect::<Vec<_>>(),
@@ -700,7 +700,7 @@ fn listing_pages_through_the_due_index_with_filters_and_a_budget() {
     );
     assert_eq!(next, None);
     let (page, next) = store
-        .list(Position::Due(0), u64::MAX, 100, 3, |_, _| true)
+        .list(Position::Due(0), u64::MAX, 100, 3, |_, _, _| true)
         .unwrap();
     assert_eq!(page.len(), 3);
     assert_eq!(

@@ -1,0 +1,201 @@
+//! Reading dead-letter topics for the console: which topics hold dead letters, and their newest
+//! records with their reason codes, filtered like `kafka-delay replay`'s `--filter`s.
+//!
+//! Reads with a consumer of its own that joins no group and commits nothing, from the end of
+//! each partition backwards by a bounded number of records, so a look at a large topic costs a
+//! bounded read.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::message::Message;
+use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use regex::Regex;
+use serde::Serialize;
+use serde_json::{json, Value};
+
+use crate::config::KafkaProp;
+use crate::kafka::{client_config, headers_from};
+use crate::record::names;
+use crate::replay::Filter;
+
+/// Most records read back from each partition for one listing.
+const READ_BACK: i64 = 5_000;
+/// Longest a listing reads.
+const READ_FOR: Duration = Duration::from_secs(10);
+
+/// Where dead letters are.
+#[derive(Debug, Clone, Default)]
+pub struct Source {
+    /// Bootstrap servers.
+    pub brokers: String,
+    /// Extra librdkafka properties.
+    pub kafka_config: Vec<KafkaProp>,
+    /// The broker's own dead-letter topic (rejected input, undeliverable records).
+    pub topic: String,
+    /// Topics named by the retry policies' dead-letter templates (`{target}` as any name).
+    pub templates: Vec<Regex>,
+}
+
+/// A dead-letter topic and how many records it holds.
+#[derive(Debug, Clone, Serialize)]
+pub struct Topic {
+    /// Its name.
+    pub name: String,
+    /// Partitions.
+    pub partitions: usize,
+    /// Records between the low and high watermarks of all its partitions.
+    pub records: i64,
+}
+
+/// Turns a dead-letter template such as `{target}.dlt` into a regex for the topics it names.
+pub fn template_regex(template: &str) -> Option<Regex> {
+    let pattern = regex::escape(template).replace(r"\{target\}", ".+");
+    Regex::new(&format!("^{pattern}$")).ok()
+}
+
+impl Source {
+    fn consumer(&self) -> Result<BaseConsumer, String> {
+        client_config(&self.brokers, "kafka-delay-console", &self.kafka_config)
+            .set("group.id", "kafka-delay-console")
+            .set("enable.auto.commit", "false")
+            .set("enable.auto.offset.store", "false")
+            .set("allow.auto.create.topics", "false")
+            .create()
+            .map_err(|e| format!("cannot create a consumer: {e}"))
+    }
+
+    /// Every dead-letter topic that exists, with its size. Blocking.
+    ///
+    /// # Errors
+    /// The cluster's answer when it cannot be asked.
+    pub fn topics(&self) -> Result<Vec<Topic>, String> {
+        let c = self.consumer()?;
+        let md = c
+            .fetch_metadata(None, Duration::from_secs(10))
+            .map_err(|e| format!("cannot list topics: {e}"))?;
+        let mut out = Vec::new();
+        for t in md.topics() {
+            let name = t.name();
+            if name != self.topic && !self.templates.iter().any(|r| r.is_match(name)) {
+                continue;
+            }
+            let mut records = 0;
+            for p in t.partitions() {
+                if let Ok((low, high)) = c.fetch_watermarks(name, p.id(), Duration::from_secs(5)) {
+                    records += high - low;
+                }
+            }
+            out.push(Topic {
+                name: name.to_owned(),
+                partitions: t.partitions().len(),
+                records,
+            });
+        }
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+
+    /// The newest records of `topic` that match every filter, newest first, at most `limit`.
+    /// Blocking.
+    ///
+    /// # Errors
+    /// A missing topic, or the cluster's answer when it cannot be read.
+    pub fn newest(
+        &self,
+        topic: &str,
+        filters: &[Filter],
+        limit: usize,
+    ) -> Result<Vec<Value>, String> {
+        let c = self.consumer()?;
+        let md = c
+            .fetch_metadata(Some(topic), Duration::from_secs(10))
+            .map_err(|e| format!("cannot read '{topic}': {e}"))?;
+        let partitions: Vec<i32> = md
+            .topics()
+            .iter()
+            .filter(|t| t.name() == topic && t.error().is_none())
+            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+            .collect();
+        if partitions.is_empty() {
+            return Err(format!("no dead-letter topic '{topic}'"));
+        }
+        let mut tpl = TopicPartitionList::new();
+        let mut ends = std::collections::HashMap::new();
+        for p in partitions {
+            let (low, high) = c
+                .fetch_watermarks(topic, p, Duration::from_secs(5))
+                .map_err(|e| format!("cannot read the offsets of '{topic}': {e}"))?;
+            if high > low {
+                let from = low.max(high - READ_BACK);
+                tpl.add_partition_offset(topic, p, Offset::Offset(from))
+                    .map_err(|e| e.to_string())?;
+                ends.insert(p, high);
+            }
+        }
+        if ends.is_empty() {
+            return Ok(Vec::new());
+        }
+        c.assign(&tpl)
+            .map_err(|e| format!("cannot read '{topic}': {e}"))?;
+        let deadline = Instant::now() + READ_FOR;
+        let mut found = Vec::new();
+        while !ends.is_empty() && Instant::now() < deadline {
+            let Some(msg) = c.poll(Duration::from_millis(200)) else {
+                continue;
+            };
+            let msg = msg.map_err(|e| format!("reading '{topic}': {e}"))?;
+            let (p, offset) = (msg.partition(), msg.offset());
+            if ends.get(&p).is_some_and(|&high| offset + 1 >= high) {
+                ends.remove(&p);
+            }
+            let headers = headers_from(msg.headers());
+            if !filters.iter().all(|f| f.matches(msg.key(), &headers)) {
+                continue;
+            }
+            let header = |name: &str| {
+                headers
+                    .iter()
+                    .find(|h| h.key == name)
+                    .and_then(|h| h.value.as_deref())
+                    .map(|v| String::from_utf8_lossy(v).into_owned())
+            };
+            let timestamp = msg.timestamp().to_millis().unwrap_or(0);
+            found.push(json!({
+                "topic": topic,
+                "partition": p,
+                "offset": offset,
+                "timestamp_ms": timestamp,
+                "reason": header(names::ERROR),
+                "detail": header(names::ERROR_DETAIL),
+                "target": header(names::TARGET),
+                "key": super::text(msg.key()),
+                "value": super::text(msg.payload()),
+                "value_hex": super::hex(msg.payload()),
+                "headers": headers.iter().map(|h| json!({
+                    "key": h.key,
+                    "value": h.value.as_deref().map(|v| String::from_utf8_lossy(v).into_owned()),
+                })).collect::<Vec<_>>(),
+            }));
+        }
+        found.sort_by_key(|v| std::cmp::Reverse(v["timestamp_ms"].as_i64().unwrap_or(0)));
+        found.truncate(limit);
+        Ok(found)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn templates_name_the_topics_they_make() {
+        let r = template_regex("{target}.dlt").unwrap();
+        assert!(r.is_match("orders.dlt"));
+        assert!(!r.is_match("orders.dltx"));
+        assert!(!r.is_match(".dlt"));
+        let r = template_regex("dlt.{target}").unwrap();
+        assert!(r.is_match("dlt.payments"));
+        assert!(!r.is_match("dltxpayments"));
+    }
+}

@@ -1,0 +1,347 @@
+//! The operator's web console: a page served at `/ui` (its HTML, script and style built into
+//! the binary: no CDN, no separate server) and the read-only parts of the admin API it needs
+//! beyond the pending records: an overview, the recently fired records, the dead-letter topics
+//! and their records, and replays of dead letters.
+//!
+//! Every action the page offers is an admin API request, authorised, logged and counted like
+//! any other (`crate::admin`). The page writes every value with `textContent`, never as HTML,
+//! and is served with a Content-Security-Policy that allows only its own script: a record whose
+//! key, value or headers hold markup is shown as text and runs nothing.
+
+pub mod dead_letters;
+pub mod minutes;
+pub mod replays;
+
+use axum::extract::{Path, Query, State};
+use axum::http::{header, HeaderMap, StatusCode};
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use prometheus::core::{Collector, Metric};
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use crate::admin::{bad, internal, Admin, ApiError, ApiResult};
+use crate::publish::history;
+use crate::replay::{Filter, Replay};
+
+/// The page.
+const INDEX: &str = include_str!("assets/index.html");
+/// Its script.
+const SCRIPT: &str = include_str!("assets/app.js");
+/// Its style.
+const STYLE: &str = include_str!("assets/app.css");
+/// Only the page's own script and style, no frames, no other origin.
+const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' data:; \
+                   connect-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'";
+
+/// Routes of the console's API, as (method, path) in the OpenAPI document's notation.
+pub const ROUTES: [(&str, &str); 6] = [
+    ("get", "/api/v1/overview"),
+    ("get", "/api/v1/fired"),
+    ("get", "/api/v1/dead-letters"),
+    ("get", "/api/v1/dead-letters/{topic}"),
+    ("post", "/api/v1/dead-letters/{topic}/replay"),
+    ("get", "/api/v1/replays"),
+];
+
+/// The console's page and API routes.
+pub fn router(admin: Admin) -> Router {
+    Router::new()
+        .route("/ui", get(|| asset("text/html; charset=utf-8", INDEX)))
+        .route("/ui/", get(|| asset("text/html; charset=utf-8", INDEX)))
+        .route(
+            "/ui/app.js",
+            get(|| asset("text/javascript; charset=utf-8", SCRIPT)),
+        )
+        .route(
+            "/ui/app.css",
+            get(|| asset("text/css; charset=utf-8", STYLE)),
+        )
+        .route("/api/v1/overview", get(overview))
+        .route("/api/v1/fired", get(fired))
+        .route("/api/v1/dead-letters", get(dead_letter_topics))
+        .route("/api/v1/dead-letters/{topic}", get(dead_letter_records))
+        .route("/api/v1/dead-letters/{topic}/replay", post(replay))
+        .route("/api/v1/replays", get(replays))
+        .with_state(admin)
+}
+
+async fn asset(kind: &'static str, body: &'static str) -> impl IntoResponse {
+    (
+        [
+            (header::CONTENT_TYPE, kind),
+            (header::CONTENT_SECURITY_POLICY, CSP),
+            (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+            (header::REFERRER_POLICY, "no-referrer"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        body,
+    )
+}
+
+/// `bytes` as text when they are UTF-8.
+pub(crate) fn text(bytes: Option<&[u8]>) -> Value {
+    bytes
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .map_or(Value::Null, |s| Value::String(s.to_owned()))
+}
+
+/// Most bytes shown in hex.
+const HEX_BYTES: usize = 4_096;
+
+/// The first 4 KiB of `bytes` in hex, for values that are not text.
+pub(crate) fn hex(bytes: Option<&[u8]>) -> Value {
+    bytes.map_or(Value::Null, |b| {
+        let shown = &b[..b.len().min(HEX_BYTES)];
+        Value::String(shown.iter().map(|x| format!("{x:02x}")).collect())
+    })
+}
+
+/// Sum of a counter family over its labels.
+pub(crate) fn total(counter: &prometheus::IntCounterVec) -> u64 {
+    counter
+        .collect()
+        .iter()
+        .flat_map(|mf| mf.get_metric())
+        .map(|m| m.get_counter().get_value() as u64)
+        .sum()
+}
+
+/// A quantile from a histogram's buckets (the upper bound of the bucket it falls in), ms.
+fn quantile_ms(histogram: &prometheus::Histogram, q: f64) -> Option<f64> {
+    let m = histogram.metric();
+    let h = m.get_histogram();
+    let count = h.get_sample_count() as f64;
+    if count == 0.0 {
+        return None;
+    }
+    h.get_bucket()
+        .iter()
+        .find(|b| b.cumulative_count() as f64 >= q * count)
+        .map(|b| b.upper_bound() * 1_000.0)
+}
+
+async fn overview(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
+    a.authorize(&headers)?;
+    let now = a.clock.now_ms();
+    let store = a.store.clone();
+    let (snap, earliest, owned) = tokio::task::spawn_blocking(move || {
+        let owned: Vec<Value> = store
+            .next_offsets()
+            .unwrap_or_default()
+            .into_keys()
+            .filter_map(|pid| store.partition_of(pid))
+            .map(|(topic, partition)| json!({"topic": topic, "partition": partition}))
+            .collect();
+        (
+            store.pending_stats(now),
+            store.earliest_due().ok().flatten(),
+            owned,
+        )
+    })
+    .await
+    .map_err(internal)?;
+    let mut by_target: Vec<(String, u64)> = snap.by_target.into_iter().collect();
+    by_target.sort_by(|x, y| y.1.cmp(&x.1).then_with(|| x.0.cmp(&y.0)));
+    let by_due: Vec<Value> = crate::store::stats::BUCKETS
+        .iter()
+        .zip(snap.by_due)
+        .map(|(bucket, n)| json!({"bucket": bucket, "pending": n}))
+        .collect();
+    let held: Vec<Value> = a
+        .metrics
+        .fire_held
+        .collect()
+        .iter()
+        .flat_map(|mf| mf.get_metric())
+        .filter(|m| m.get_gauge().get_value() > 0.0)
+        .map(|m| {
+            let target = m.get_label().first().map(|l| l.value()).unwrap_or_default();
+            json!({"target": target, "held": m.get_gauge().get_value()})
+        })
+        .collect();
+    let c = &a.console;
+    let minutes = c.minutes.per_minute(
+        now,
+        total(&a.metrics.fired),
+        total(&a.metrics.dead_lettered),
+    );
+    Ok(Json(json!({
+        "now_ms": now,
+        "instance": {
+            "id": c.instance_id,
+            "group": c.group_id,
+            "http": c.http_addr,
+            "version": env!("CARGO_PKG_VERSION"),
+            "owned_partitions": owned,
+        },
+        "pending": a.store.pending(),
+        "by_target": by_target.iter().map(|(t, n)| json!({"target": t, "pending": n})).collect::<Vec<_>>(),
+        "by_due": by_due,
+        "oldest_overdue_ms": earliest.map_or(0, |due| now.saturating_sub(due)),
+        "held": held,
+        "per_minute": minutes,
+        "fired_total": total(&a.metrics.fired),
+        "dead_lettered_total": total(&a.metrics.dead_lettered),
+        "lateness_ms": {
+            "fire_p50": quantile_ms(&a.metrics.fire_lateness, 0.5),
+            "fire_p99": quantile_ms(&a.metrics.fire_lateness, 0.99),
+            "delivery_p50": quantile_ms(&a.metrics.delivery_lateness, 0.5),
+            "delivery_p99": quantile_ms(&a.metrics.delivery_lateness, 0.99),
+        },
+    })))
+}
+
+/// Filters of the recently fired records.
+#[derive(Debug, Default, Deserialize)]
+struct FiredFilter {
+    target: Option<String>,
+    delay_id: Option<String>,
+    key: Option<String>,
+    limit: Option<usize>,
+}
+
+async fn fired(
+    State(a): State<Admin>,
+    headers: HeaderMap,
+    Query(f): Query<FiredFilter>,
+) -> ApiResult {
+    a.authorize(&headers)?;
+    let limit = f.limit.unwrap_or(100).clamp(1, history::CAPACITY);
+    let records = a.console.history.newest(limit, |r| {
+        f.target.as_deref().is_none_or(|t| r.target == t)
+            && f.delay_id
+                .as_deref()
+                .is_none_or(|d| r.delay_id.as_deref() == Some(d))
+            && f.key.as_deref().is_none_or(|k| r.key.as_deref() == Some(k))
+    });
+    Ok(Json(
+        json!({ "records": records, "kept": history::CAPACITY }),
+    ))
+}
+
+async fn dead_letter_topics(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
+    a.authorize(&headers)?;
+    let source = a.console.dead_letters.clone();
+    let topics = tokio::task::spawn_blocking(move || source.topics())
+        .await
+        .map_err(internal)?
+        .map_err(|e| ApiError(StatusCode::BAD_GATEWAY, e))?;
+    Ok(Json(json!({ "topics": topics })))
+}
+
+/// Filters of a dead-letter listing: those of `kafka-delay replay`'s `--filter`.
+#[derive(Debug, Default, Deserialize)]
+struct DeadFilter {
+    reason: Option<String>,
+    target: Option<String>,
+    key: Option<String>,
+    /// `NAME=VALUE`.
+    header: Option<String>,
+    limit: Option<usize>,
+}
+
+impl DeadFilter {
+    /// As `replay` filters, and as the text `replay --filter` takes.
+    fn filters(&self) -> Result<Vec<(Filter, String)>, ApiError> {
+        let mut texts = Vec::new();
+        for (name, v) in [
+            ("reason", &self.reason),
+            ("target", &self.target),
+            ("key", &self.key),
+        ] {
+            if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
+                texts.push(format!("{name}={v}"));
+            }
+        }
+        if let Some(h) = self.header.as_deref().filter(|h| !h.is_empty()) {
+            texts.push(format!("header:{h}"));
+        }
+        texts
+            .into_iter()
+            .map(|t| Filter::parse(&t).map(|f| (f, t)).map_err(bad))
+            .collect()
+    }
+}
+
+async fn dead_letter_records(
+    State(a): State<Admin>,
+    headers: HeaderMap,
+    Path(topic): Path<String>,
+    Query(f): Query<DeadFilter>,
+) -> ApiResult {
+    a.authorize(&headers)?;
+    let filters: Vec<Filter> = f.filters()?.into_iter().map(|(f, _)| f).collect();
+    let limit = f.limit.unwrap_or(100).clamp(1, 1_000);
+    let source = a.console.dead_letters.clone();
+    let records = tokio::task::spawn_blocking(move || source.newest(&topic, &filters, limit))
+        .await
+        .map_err(internal)?
+        .map_err(|e| ApiError(StatusCode::NOT_FOUND, e))?;
+    Ok(Json(json!({ "records": records })))
+}
+
+/// A replay request: the destination, a rate, and the listing's filters.
+#[derive(Debug, Deserialize)]
+struct ReplayRequest {
+    to: String,
+    /// Records per second (N, N/s or N/m); default 10/s.
+    rate: Option<String>,
+    #[serde(flatten)]
+    filter: DeadFilter,
+}
+
+async fn replay(
+    State(a): State<Admin>,
+    headers: HeaderMap,
+    Path(topic): Path<String>,
+    Json(r): Json<ReplayRequest>,
+) -> ApiResult {
+    let what = format!("{topic} -> {} rate={:?}", r.to, r.rate);
+    a.mutate(&headers, "replay", &what, || {
+        if r.to.is_empty() {
+            return Err(bad("give to: the topic to move the records to"));
+        }
+        let rate = crate::replay::parse_rate(r.rate.as_deref().unwrap_or("10/s")).map_err(bad)?;
+        let (filters, texts): (Vec<Filter>, Vec<String>) = r.filter.filters()?.into_iter().unzip();
+        let source = &a.console.dead_letters;
+        let job = a.console.replays.start(
+            Replay {
+                brokers: source.brokers.clone(),
+                from: topic.clone(),
+                to: r.to.clone(),
+                rate: Some(rate),
+                filters,
+                dry_run: false,
+                kafka_config: source.kafka_config.clone(),
+            },
+            texts,
+        );
+        Ok(Json(json!({ "replay": job })))
+    })
+}
+
+async fn replays(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
+    a.authorize(&headers)?;
+    Ok(Json(json!({ "replays": a.console.replays.list() })))
+}
+
+/// What the console's API needs besides the store.
+#[derive(Debug, Clone, Default)]
+pub struct Console {
+    /// The recently fired records.
+    pub history: history::History,
+    /// Where dead letters are read from.
+    pub dead_letters: dead_letters::Source,
+    /// Replays started here.
+    pub replays: replays::Replays,
+    /// Fired and dead-lettered per minute.
+    pub minutes: minutes::Minutes,
+    /// This instance's id (static membership), if any.
+    pub instance_id: Option<String>,
+    /// Its consumer group.
+    pub group_id: String,
+    /// Its HTTP address, as configured.
+    pub http_addr: String,
+}
