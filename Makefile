@@ -8,9 +8,9 @@
 
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/kafka-delay/target
 DEBIAN_PACKAGES := build-essential pkg-config libclang-dev clang libssl-dev zlib1g-dev kcat curl python3 prometheus \
-	openjdk-17-jdk-headless maven
+	openjdk-17-jdk-headless maven chromium
 
-.PHONY: demo test deps kafka python build lint soak
+.PHONY: demo test deps kafka python console build lint soak
 
 # lint and test name the host as the build target. Without it cargo builds a dependency that
 # build scripts and the program share (libc, shlex) once for both in a test build but twice in
@@ -43,6 +43,12 @@ python: deps
 	@python3 -c 'import pytest, confluent_kafka' 2>/dev/null || \
 	  python3 -m pip install --quiet --root-user-action=ignore -r clients/python/requirements-test.txt
 
+# The console's browser tests: playwright-core from the npm registry (it downloads no browser;
+# the tests drive Debian's Chromium).
+console: deps
+	@test -d tests/console/node_modules/playwright-core || \
+	  (cd tests/console && npm ci --no-audit --no-fund --loglevel=error)
+
 build: deps
 	cargo build --bin kafka-delay
 
@@ -59,7 +65,7 @@ lint: deps
 # Tests named apache_kafka_* need a real Kafka: they run in the second pass. Tests named
 # mock_cluster_* inject faults through the in-process mock cluster: they run in the first only.
 # (The criterion bench takes no --skip: it runs in a command of its own.)
-test: deps kafka python
+test: deps kafka python console
 	cargo test --features failpoints --lib --bins --tests --examples -- --skip apache_kafka_
 	cargo test --features failpoints --bench timers
 	cd clients/python && python3 -m pytest -q tests

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 echo "the broker suites against $KAFKA_DELAY_TEST_BROKERS"
 cargo test --features failpoints \
   --test e2e --test retry --test admin --test process --test reliability --test observability \
-  --test apache_kafka --test limits -- --skip mock_cluster_ "$@"
+  --test apache_kafka --test limits --test console -- --skip mock_cluster_ "$@"
 KAFKA_DELAY_BIN=$(cargo build --features failpoints --bin kafka-delay --message-format=json |
   python3 -c 'import json, sys
 print([m["executable"] for m in map(json.loads, sys.stdin)

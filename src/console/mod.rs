@@ -172,7 +172,7 @@ async fn overview(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
         "instance": {
             "id": c.instance_id,
             "group": c.group_id,
-            "http": c.http_addr,
+            "http": headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or(&c.http_addr),
             "version": env!("CARGO_PKG_VERSION"),
             "owned_partitions": owned,
         },

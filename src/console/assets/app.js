@@ -47,6 +47,8 @@ function outcome(text, error) {
   o.textContent = text;
   o.className = error ? "error" : "";
   o.hidden = false;
+  // Kept through the navigation an action may make next (back to a list, say).
+  o.dataset.keep = "1";
 }
 
 /** The query of the current hash (#/path?a=b). */
@@ -194,8 +196,8 @@ async function overview() {
       card("Oldest overdue", o.oldest_overdue_ms ? ago(o.oldest_overdue_ms) : "none"),
       card("Fired since start", fmt(o.fired_total)),
       card("Dead-lettered since start", fmt(o.dead_lettered_total)),
-      card("Firing lateness p50 / p99", l.fire_p50 === null ? "–" : l.fire_p50 + " / " + l.fire_p99 + " ms"),
-      card("Delivery lateness p50 / p99", l.delivery_p50 === null ? "–" : l.delivery_p50 + " / " + l.delivery_p99 + " ms"),
+      card("Firing lateness p50 / p99", l.fire_p50 === null ? "–" : "≤ " + l.fire_p50 + " / ≤ " + l.fire_p99 + " ms"),
+      card("Delivery lateness p50 / p99", l.delivery_p50 === null ? "–" : "≤ " + l.delivery_p50 + " / ≤ " + l.delivery_p99 + " ms"),
     ),
     el(
       "div",
@@ -457,7 +459,7 @@ function replaysTable(jobs) {
   return [
     el("h2", {}, "Replays started here"),
     table(
-      ["#", "From", "To", "Rate", "State", "Moved#", "Skipped#", "Read#"],
+      ["Replay", "From", "To", "Rate", "State", "Moved#", "Skipped#", "Read#"],
       jobs.map((j) =>
         el("tr", { "data-replay": j.id }, el("td", {}, j.id), el("td", {}, j.from), el("td", {}, j.to), el("td", {}, j.rate + "/s"), el("td", { class: "state" }, j.state + (j.error ? ": " + j.error : "")), el("td", { class: "num" }, fmt(j.moved)), el("td", { class: "num" }, fmt(j.skipped)), el("td", { class: "num" }, fmt(j.read) + " of " + fmt(j.total))),
       ),
@@ -509,7 +511,9 @@ document.getElementById("sign-out").addEventListener("click", () => {
   route();
 });
 window.addEventListener("hashchange", () => {
-  document.getElementById("outcome").hidden = true;
+  const o = document.getElementById("outcome");
+  if (o.dataset.keep === "1") o.dataset.keep = "";
+  else o.hidden = true;
   route();
 });
 route();
