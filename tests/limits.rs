@@ -125,6 +125,12 @@ async fn a_limited_target_goes_at_its_rate_in_due_order_and_the_others_are_not_h
             })
             .collect()
     };
+    let firing = |got: &[Got]| -> Vec<u64> {
+        got.iter()
+            .map(|g| g.num("delay-fired-ms") - g.num("delay-due-ms"))
+            .collect()
+    };
+    let (mut fired_alone, mut fired_beside) = (Vec::new(), Vec::new());
     let mut alone = Vec::new();
     let due = (now_ms() + 3_000).to_string();
     for (i, f) in free.iter().enumerate() {
@@ -137,11 +143,18 @@ async fn a_limited_target_goes_at_its_rate_in_due_order_and_the_others_are_not_h
         )
         .await;
     }
-    for r in &free_readers {
-        let got = collect(r, 500, Duration::from_secs(30)).await;
-        assert_eq!(got.len(), 500);
-        alone.extend(lateness(&got));
-    }
+    // Both targets read at once, so that neither's arrival times wait for the other's reading.
+    let both = || async {
+        let (a, b) = tokio::join!(
+            collect(&free_readers[0], 500, Duration::from_secs(30)),
+            collect(&free_readers[1], 500, Duration::from_secs(30))
+        );
+        assert_eq!((a.len(), b.len()), (500, 500));
+        [a, b].concat()
+    };
+    let got = both().await;
+    alone.extend(lateness(&got));
+    fired_alone.extend(firing(&got));
 
     // The same with a wave of 2,000 for the limited target due in the same millisecond.
     let due_ms = now_ms() + 5_000;
@@ -165,12 +178,11 @@ async fn a_limited_target_goes_at_its_rate_in_due_order_and_the_others_are_not_h
     }
     assert!(now_ms() < due_ms, "records produced before they were due");
     let mut beside = Vec::new();
-    for r in &free_readers {
-        let got = collect(r, 500, Duration::from_secs(30)).await;
-        assert_eq!(got.len(), 500);
-        beside.extend(lateness(&got));
-    }
+    let got = both().await;
+    beside.extend(lateness(&got));
+    fired_beside.extend(firing(&got));
     let (p99_alone, p99_beside) = (p99(alone), p99(beside));
+    let (fired_p99_alone, fired_p99_beside) = (p99(fired_alone), p99(fired_beside));
     // While the wave is paced, its held records are counted by target.
     let (_, scrape) = http_get(addr, "/metrics").await;
     let held_series = format!("kafka_delay_fire_held_records{{target=\"{limited}\"}}");
@@ -189,7 +201,8 @@ async fn a_limited_target_goes_at_its_rate_in_due_order_and_the_others_are_not_h
     let windows = per_five_seconds(&fired);
     println!(
         "limited 100/s: per 5 s {windows:?}, over {:.2} s; unlimited lateness p99 {p99_alone} ms \
-         alone, {p99_beside} ms beside the wave (ratio {:.2})",
+         alone, {p99_beside} ms beside the wave (ratio {:.2}); fired (delay-fired-ms) p99 \
+         {fired_p99_alone} ms alone, {fired_p99_beside} ms beside",
         (fired[1_999] - fired[0]) as f64 / 1e3,
         p99_beside as f64 / p99_alone.max(1) as f64
     );
@@ -198,8 +211,14 @@ async fn a_limited_target_goes_at_its_rate_in_due_order_and_the_others_are_not_h
         assert!((450..=550).contains(&n), "{n} in 5 s at 100/s");
     }
     // The unlimited targets were not held: everything was delivered long before the wave's
-    // end, and their lateness stayed what it was without the wave (a loose bound: the
-    // machine is shared; the figure is printed above).
+    // end, and their lateness stayed about what it was without the wave. Loose bounds: the
+    // machine is shared, and in this debug build reading and holding the 2,000 records due in
+    // the same millisecond adds a few milliseconds to the firing of those behind them (the
+    // figures are printed above; BENCHMARKS.md has them for the release build).
+    assert!(
+        fired_p99_beside <= 3 * fired_p99_alone + 20,
+        "unlimited fired p99 {fired_p99_beside} ms beside the wave, {fired_p99_alone} ms alone"
+    );
     assert!(
         p99_beside <= 2 * p99_alone + 100,
         "unlimited p99 {p99_beside} ms beside the wave, {p99_alone} ms alone"

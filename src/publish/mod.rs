@@ -331,20 +331,23 @@ impl Publisher {
         let now = self.clock.now_ms();
         let mut go = Vec::with_capacity(records.len());
         let mut held = Vec::new();
+        let mut held_targets = Vec::new();
         let mut early = Vec::new();
         for (due, record) in records {
             match limiter.decide(due.id, record.target(), record.due_ms(), now) {
                 Decision::Go { released_ms } => go.push((due, record, released_ms)),
                 Decision::Hold { until_ms } => {
-                    self.metrics
-                        .fire_held_total
-                        .with_label_values(&[record.target()])
-                        .inc();
                     held.push((until_ms, due.id));
+                    held_targets.push(record);
                 }
                 Decision::Early => early.push(due.id),
             }
         }
+        crate::metrics::count_each(
+            &self.metrics.fire_held_total,
+            held_targets.iter().map(StoredRecord::target),
+        );
+        drop(held_targets);
         self.metrics.fire_skipped.inc_by(early.len() as u64);
         self.release(held.iter().map(|&(_, id)| id).chain(early));
         for (target, n) in limiter.held_by_target() {
