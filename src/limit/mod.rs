@@ -241,7 +241,8 @@ pub enum Cause {
 struct Held {
     release_ms: u64,
     cause: Cause,
-    target: usize,
+    /// Index into the limiter's targets (u32 keeps the note at 16 bytes).
+    target: u32,
 }
 
 /// What to do with a due record now.
@@ -318,7 +319,7 @@ impl Limiter {
                 return Decision::Early;
             }
             let h = self.held.remove(&id).expect("present");
-            self.held_count[h.target] -= 1;
+            self.held_count[h.target as usize] -= 1;
             released_ms = h.release_ms;
             match h.cause {
                 Cause::Rate => return Decision::Go { released_ms },
@@ -364,7 +365,7 @@ impl Limiter {
             Held {
                 release_ms: until_ms,
                 cause,
-                target,
+                target: target as u32,
             },
         );
         debug_assert!(previous.is_none(), "{id:?} held twice");
@@ -376,8 +377,8 @@ impl Limiter {
     /// by an operator); returns its target if it was held.
     pub fn forget(&mut self, id: RecordId) -> Option<&str> {
         let h = self.held.remove(&id)?;
-        self.held_count[h.target] -= 1;
-        Some(&self.targets[h.target].0)
+        self.held_count[h.target as usize] -= 1;
+        Some(&self.targets[h.target as usize].0)
     }
 
     /// Records held back now, by target (targets that never had one are left out).
