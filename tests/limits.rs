@@ -115,7 +115,7 @@ async fn a_limited_target_goes_at_its_rate_in_due_order_and_the_others_are_not_h
     let free_readers = [reader(kafka, &free[0], 2), reader(kafka, &free[1], 2)];
     let limited_reader = reader(kafka, &limited, 2);
 
-    // The unlimited targets' lateness, with nothing else due: 500 each due in one millisecond.
+    // The unlimited targets' lateness: arrival and firing (delay-fired-ms) minus due.
     let lateness = |got: &[Got]| -> Vec<u64> {
         got.iter()
             .map(|g| {
@@ -130,19 +130,6 @@ async fn a_limited_target_goes_at_its_rate_in_due_order_and_the_others_are_not_h
             .map(|g| g.num("delay-fired-ms") - g.num("delay-due-ms"))
             .collect()
     };
-    let (mut fired_alone, mut fired_beside) = (Vec::new(), Vec::new());
-    let mut alone = Vec::new();
-    let due = (now_ms() + 3_000).to_string();
-    for (i, f) in free.iter().enumerate() {
-        let ids = i as u32 * 500..(i as u32 + 1) * 500;
-        produce_many(
-            &producer,
-            &t.delay,
-            ids,
-            &[("delay-target", f), ("delay-until", &due)],
-        )
-        .await;
-    }
     // Both targets read at once, so that neither's arrival times wait for the other's reading.
     let both = || async {
         let (a, b) = tokio::join!(
@@ -152,35 +139,43 @@ async fn a_limited_target_goes_at_its_rate_in_due_order_and_the_others_are_not_h
         assert_eq!((a.len(), b.len()), (500, 500));
         [a, b].concat()
     };
-    let got = both().await;
-    alone.extend(lateness(&got));
-    fired_alone.extend(firing(&got));
-
-    // The same with a wave of 2,000 for the limited target due in the same millisecond.
+    // One round: 2,000 records for the limited target due at `wave_due`, then 500 for each
+    // unlimited target due at `due`, all produced the same way; the unlimited ones' arrival
+    // and firing lateness.
+    let round = |due_ms: u64, wave_due: u64, first: u32| {
+        let (producer, both) = (&producer, &both);
+        let (delay, limited, free) = (&t.delay, &limited, &free);
+        async move {
+            let wave_due = wave_due.to_string();
+            produce_many(
+                producer,
+                delay,
+                first..first + 2_000,
+                &[("delay-target", limited), ("delay-until", &wave_due)],
+            )
+            .await;
+            let due = due_ms.to_string();
+            for (i, f) in free.iter().enumerate() {
+                let ids = i as u32 * 500..(i as u32 + 1) * 500;
+                produce_many(
+                    producer,
+                    delay,
+                    ids,
+                    &[("delay-target", f), ("delay-until", &due)],
+                )
+                .await;
+            }
+            assert!(now_ms() < due_ms, "records produced before they were due");
+            let got = both().await;
+            (lateness(&got), firing(&got))
+        }
+    };
+    // The baseline: the same records, the limited ones due an hour later (they stay pending).
+    let due = now_ms() + 5_000;
+    let (alone, fired_alone) = round(due, due + 3_600_000, 10_000).await;
+    // The wave: the limited ones due in the same millisecond as the others.
     let due_ms = now_ms() + 5_000;
-    let due = due_ms.to_string();
-    produce_many(
-        &producer,
-        &t.delay,
-        0..2_000,
-        &[("delay-target", &limited), ("delay-until", &due)],
-    )
-    .await;
-    for (i, f) in free.iter().enumerate() {
-        let ids = i as u32 * 500..(i as u32 + 1) * 500;
-        produce_many(
-            &producer,
-            &t.delay,
-            ids,
-            &[("delay-target", f), ("delay-until", &due)],
-        )
-        .await;
-    }
-    assert!(now_ms() < due_ms, "records produced before they were due");
-    let mut beside = Vec::new();
-    let got = both().await;
-    beside.extend(lateness(&got));
-    fired_beside.extend(firing(&got));
+    let (beside, fired_beside) = round(due_ms, due_ms, 0).await;
     let (p99_alone, p99_beside) = (p99(alone), p99(beside));
     let (fired_p99_alone, fired_p99_beside) = (p99(fired_alone), p99(fired_beside));
     // While the wave is paced, its held records are counted by target.
