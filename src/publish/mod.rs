@@ -273,8 +273,12 @@ impl Publisher {
         }
         if !gone.is_empty() || !moved.is_empty() {
             self.release(gone.iter().map(|d| d.id).chain(moved.iter().copied()));
+            let mut forgot = false;
             for id in gone.iter().map(|d| d.id).chain(moved.iter().copied()) {
-                limiter.forget(id);
+                forgot |= limiter.forget(id).is_some();
+            }
+            if forgot {
+                self.count_held(limiter);
             }
             self.metrics
                 .fire_skipped
@@ -350,16 +354,21 @@ impl Publisher {
         drop(held_targets);
         self.metrics.fire_skipped.inc_by(early.len() as u64);
         self.release(held.iter().map(|&(_, id)| id).chain(early));
+        self.count_held(limiter);
+        if !held.is_empty() && self.retries.send(Wake::Retry(held)).await.is_err() {
+            info!("scheduler stopped; records held by a fire limit fire after restart");
+        }
+        go
+    }
+
+    /// Sets the held-back gauge of each limited target.
+    fn count_held(&self, limiter: &Limiter) {
         for (target, n) in limiter.held_by_target() {
             self.metrics
                 .fire_held
                 .with_label_values(&[target])
                 .set(n as i64);
         }
-        if !held.is_empty() && self.retries.send(Wake::Retry(held)).await.is_err() {
-            info!("scheduler stopped; records held by a fire limit fire after restart");
-        }
-        go
     }
 
     /// Gives up the claims on records that will not be published now.
