@@ -565,16 +565,25 @@ fn bulk_what(f: &Filter) -> String {
     )
 }
 
+/// Runs a bulk action on a blocking thread: it makes up to 100,000 store calls (a key filter
+/// reads every record it examines), which must not hold up the runtime.
+async fn off_runtime(f: impl FnOnce() -> ApiResult + Send + 'static) -> ApiResult {
+    tokio::task::spawn_blocking(f).await.map_err(internal)?
+}
+
 async fn bulk_cancel(
     State(a): State<Admin>,
     headers: HeaderMap,
     Json(f): Json<Filter>,
 ) -> ApiResult {
-    a.mutate(&headers, "bulk_cancel", &bulk_what(&f), || {
-        bulk(&a, &f, |rid| {
-            Ok(a.store.cancel(rid).map_err(internal)?.is_some())
+    off_runtime(move || {
+        a.mutate(&headers, "bulk_cancel", &bulk_what(&f), || {
+            bulk(&a, &f, |rid| {
+                Ok(a.store.cancel(rid).map_err(internal)?.is_some())
+            })
         })
     })
+    .await
 }
 
 async fn bulk_reschedule(
@@ -582,35 +591,41 @@ async fn bulk_reschedule(
     headers: HeaderMap,
     Json(b): Json<Bulk>,
 ) -> ApiResult {
-    a.mutate(&headers, "bulk_reschedule", &bulk_what(&b.filter), || {
-        let due = b.when.resolve(a.clock.now_ms(), a.max_delay_ms)?;
-        let mut woken = Vec::new();
-        let r = bulk(&a, &b.filter, |rid| {
-            let moved = a.store.reschedule(rid, due).map_err(internal)?.is_some();
-            if moved {
-                woken.push((due, rid));
-            }
-            Ok(moved)
-        });
-        a.wake(woken);
-        r
+    off_runtime(move || {
+        a.mutate(&headers, "bulk_reschedule", &bulk_what(&b.filter), || {
+            let due = b.when.resolve(a.clock.now_ms(), a.max_delay_ms)?;
+            let mut woken = Vec::new();
+            let r = bulk(&a, &b.filter, |rid| {
+                let moved = a.store.reschedule(rid, due).map_err(internal)?.is_some();
+                if moved {
+                    woken.push((due, rid));
+                }
+                Ok(moved)
+            });
+            a.wake(woken);
+            r
+        })
     })
+    .await
 }
 
 async fn bulk_fire(State(a): State<Admin>, headers: HeaderMap, Json(f): Json<Filter>) -> ApiResult {
-    a.mutate(&headers, "bulk_fire", &bulk_what(&f), || {
-        let now = a.clock.now_ms();
-        let mut woken = Vec::new();
-        let r = bulk(&a, &f, |rid| {
-            let moved = a.store.reschedule(rid, now).map_err(internal)?.is_some();
-            if moved {
-                woken.push((now, rid));
-            }
-            Ok(moved)
-        });
-        a.wake(woken);
-        r
+    off_runtime(move || {
+        a.mutate(&headers, "bulk_fire", &bulk_what(&f), || {
+            let now = a.clock.now_ms();
+            let mut woken = Vec::new();
+            let r = bulk(&a, &f, |rid| {
+                let moved = a.store.reschedule(rid, now).map_err(internal)?.is_some();
+                if moved {
+                    woken.push((now, rid));
+                }
+                Ok(moved)
+            });
+            a.wake(woken);
+            r
+        })
     })
+    .await
 }
 
 #[cfg(test)]

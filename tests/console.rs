@@ -106,7 +106,8 @@ async fn apache_kafka_console_searches_acts_replays_and_shows_markup_as_text() {
             }
         };
     schedule("find-me", "k-find", r#"{"order": 42}"#, hour).await;
-    schedule("cancel-me", "k-cancel", "cancelled", "25s").await;
+    let cancel_due = now_ms() + 40_000;
+    schedule("cancel-me", "k-cancel", "cancelled", "40s").await;
     schedule("fire-me", "k-fire", "fired from the page", hour).await;
     schedule(
         "script",
@@ -174,7 +175,9 @@ async fn apache_kafka_console_searches_acts_replays_and_shows_markup_as_text() {
         .header("delay-replayed-from")
         .unwrap()
         .starts_with(&t.dlt));
-    let more = collect(&reader, 1, Duration::from_secs(30)).await;
+    // Past the cancelled record's due time, nothing more arrives.
+    let wait = (cancel_due + 3_000).saturating_sub(now_ms()).max(3_000);
+    let more = collect(&reader, 1, Duration::from_millis(wait)).await;
     assert!(
         more.is_empty(),
         "a record arrived that was cancelled or that only another origin fired: {:?}",

@@ -201,7 +201,11 @@ async fn a_limited_target_goes_at_its_rate_in_due_order_and_the_others_are_not_h
         (fired[1_999] - fired[0]) as f64 / 1e3,
         p99_beside as f64 / p99_alone.max(1) as f64
     );
-    assert_eq!(windows.len(), 3, "about 20 s");
+    let span = fired[1_999] - fired[0];
+    assert!(
+        (19_000..=21_000).contains(&span),
+        "2,000 at 100/s over {span} ms"
+    );
     for n in windows {
         assert!((450..=550).contains(&n), "{n} in 5 s at 100/s");
     }
@@ -211,7 +215,7 @@ async fn a_limited_target_goes_at_its_rate_in_due_order_and_the_others_are_not_h
     // the same millisecond adds a few milliseconds to the firing of those behind them (the
     // figures are printed above; BENCHMARKS.md has them for the release build).
     assert!(
-        fired_p99_beside <= 3 * fired_p99_alone + 20,
+        fired_p99_beside <= 4 * fired_p99_alone + 30,
         "unlimited fired p99 {fired_p99_beside} ms beside the wave, {fired_p99_alone} ms alone"
     );
     assert!(

@@ -21,6 +21,11 @@ use crate::replay::Filter;
 
 /// Most records read back from each partition for one listing.
 const READ_BACK: i64 = 5_000;
+/// Most bytes of a value shown in a listing (the whole value is in the topic).
+const VALUE_SHOWN: usize = 16 * 1024;
+/// A listing stops when nothing arrives for this long (a partition whose last offset is a
+/// transaction marker or was compacted away never shows its high watermark's predecessor).
+const IDLE: Duration = Duration::from_secs(1);
 /// Longest a listing reads.
 const READ_FOR: Duration = Duration::from_secs(10);
 
@@ -55,6 +60,11 @@ pub fn template_regex(template: &str) -> Option<Regex> {
 }
 
 impl Source {
+    /// Whether `name` is one of the dead-letter topics.
+    pub fn is_dead_letter_topic(&self, name: &str) -> bool {
+        name == self.topic || self.templates.iter().any(|r| r.is_match(name))
+    }
+
     fn consumer(&self) -> Result<BaseConsumer, String> {
         client_config(&self.brokers, "kafka-delay-console", &self.kafka_config)
             .set("group.id", "kafka-delay-console")
@@ -77,7 +87,7 @@ impl Source {
         let mut out = Vec::new();
         for t in md.topics() {
             let name = t.name();
-            if name != self.topic && !self.templates.iter().any(|r| r.is_match(name)) {
+            if !self.is_dead_letter_topic(name) {
                 continue;
             }
             let mut records = 0;
@@ -107,6 +117,11 @@ impl Source {
         filters: &[Filter],
         limit: usize,
     ) -> Result<Vec<Value>, String> {
+        if !self.is_dead_letter_topic(topic) {
+            return Err(format!(
+                "'{topic}' is not a dead-letter topic (the broker's own or one a retry policy names)"
+            ));
+        }
         let c = self.consumer()?;
         let md = c
             .fetch_metadata(Some(topic), Duration::from_secs(10))
@@ -139,11 +154,14 @@ impl Source {
         c.assign(&tpl)
             .map_err(|e| format!("cannot read '{topic}': {e}"))?;
         let deadline = Instant::now() + READ_FOR;
-        let mut found = Vec::new();
-        while !ends.is_empty() && Instant::now() < deadline {
+        let mut last_record = Instant::now();
+        // At most twice `limit` kept at a time: the newest `limit` are kept whenever it fills.
+        let mut found: Vec<(i64, Value)> = Vec::new();
+        while !ends.is_empty() && Instant::now() < deadline && last_record.elapsed() < IDLE {
             let Some(msg) = c.poll(Duration::from_millis(200)) else {
                 continue;
             };
+            last_record = Instant::now();
             let msg = msg.map_err(|e| format!("reading '{topic}': {e}"))?;
             let (p, offset) = (msg.partition(), msg.offset());
             if ends.get(&p).is_some_and(|&high| offset + 1 >= high) {
@@ -161,7 +179,9 @@ impl Source {
                     .map(|v| String::from_utf8_lossy(v).into_owned())
             };
             let timestamp = msg.timestamp().to_millis().unwrap_or(0);
-            found.push(json!({
+            let payload = msg.payload();
+            let shown = payload.map(|v| &v[..v.len().min(VALUE_SHOWN)]);
+            found.push((timestamp, json!({
                 "topic": topic,
                 "partition": p,
                 "offset": offset,
@@ -170,18 +190,27 @@ impl Source {
                 "detail": header(names::ERROR_DETAIL),
                 "target": header(names::TARGET),
                 "key": super::text(msg.key()),
-                "value": super::text(msg.payload()),
-                "value_hex": super::hex(msg.payload()),
+                "value": shown.map(|v| String::from_utf8_lossy(v).into_owned()),
+                "value_bytes": payload.map(<[u8]>::len),
+                "value_hex": super::hex(payload),
                 "headers": headers.iter().map(|h| json!({
                     "key": h.key,
                     "value": h.value.as_deref().map(|v| String::from_utf8_lossy(v).into_owned()),
                 })).collect::<Vec<_>>(),
-            }));
+            })));
+            if found.len() >= 2 * limit {
+                newest_first(&mut found, limit);
+            }
         }
-        found.sort_by_key(|v| std::cmp::Reverse(v["timestamp_ms"].as_i64().unwrap_or(0)));
-        found.truncate(limit);
-        Ok(found)
+        newest_first(&mut found, limit);
+        Ok(found.into_iter().map(|(_, v)| v).collect())
     }
+}
+
+/// Keeps the `limit` newest, newest first.
+fn newest_first(found: &mut Vec<(i64, Value)>, limit: usize) {
+    found.sort_by_key(|(t, _)| std::cmp::Reverse(*t));
+    found.truncate(limit);
 }
 
 #[cfg(test)]

@@ -303,6 +303,9 @@ async fn replay(
         if r.to.is_empty() {
             return Err(bad("give to: the topic to move the records to"));
         }
+        if !a.console.dead_letters.is_dead_letter_topic(&topic) {
+            return Err(bad(format!("'{topic}' is not a dead-letter topic")));
+        }
         let rate = crate::replay::parse_rate(r.rate.as_deref().unwrap_or("10/s")).map_err(bad)?;
         let (filters, texts): (Vec<Filter>, Vec<String>) = r.filter.filters()?.into_iter().unzip();
         let source = &a.console.dead_letters;

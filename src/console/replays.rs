@@ -85,20 +85,38 @@ impl Replays {
             job
         };
         let (me, id) = (self.clone(), job.id);
-        tokio::spawn(async move {
-            let progress = me.clone();
-            let result = replay::run(&replay, |s| progress.update(id, |j| j.count(s))).await;
-            me.update(id, |j| match result {
-                Ok(s) => {
-                    j.count(&s);
-                    j.state = "done";
-                }
-                Err(e) => {
-                    j.state = "failed";
-                    j.error = Some(e.0);
-                }
+        // A thread and runtime of its own: the replay asks the cluster for metadata and
+        // watermarks with blocking calls, which must not hold up the broker's runtime.
+        let spawned = std::thread::Builder::new()
+            .name(format!("replay-{id}"))
+            .spawn(move || {
+                let progress = me.clone();
+                let result = tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                    .map_err(|e| replay::ReplayError(format!("cannot start the replay: {e}")))
+                    .and_then(|rt| {
+                        rt.block_on(replay::run(&replay, |s| {
+                            progress.update(id, |j| j.count(s))
+                        }))
+                    });
+                me.update(id, |j| match result {
+                    Ok(s) => {
+                        j.count(&s);
+                        j.state = "done";
+                    }
+                    Err(e) => {
+                        j.state = "failed";
+                        j.error = Some(e.0);
+                    }
+                });
             });
-        });
+        if let Err(e) = spawned {
+            self.update(id, |j| {
+                j.state = "failed";
+                j.error = Some(format!("cannot start the replay: {e}"));
+            });
+        }
         job
     }
 

@@ -208,11 +208,28 @@ struct Bucket {
     rate: Rate,
     /// Theoretical arrival time of the next record, epoch microseconds.
     tat_us: f64,
+    /// A target's records may not go before this (µs): set when the global pace made one go
+    /// after its own slot, so that the next ones keep the target's pace from where it went.
+    floor_us: f64,
 }
 
 impl Bucket {
     fn new(rate: Rate) -> Self {
-        Self { rate, tat_us: 0.0 }
+        Self {
+            rate,
+            tat_us: 0.0,
+            floor_us: 0.0,
+        }
+    }
+
+    /// Records that a record of this target goes at `at_us` (its slot, or later if the global
+    /// pace held it).
+    fn went(&mut self, at_us: f64) {
+        let tolerance = f64::from(self.rate.burst - 1) * self.rate.interval_us();
+        self.floor_us = self
+            .floor_us
+            .max(at_us + self.rate.interval_us() - tolerance);
+        self.tat_us = self.tat_us.max(at_us + self.rate.interval_us());
     }
 
     /// The earliest time (µs) a record looked at `now_us` may go.
@@ -225,15 +242,24 @@ impl Bucket {
     fn take(&mut self, at_us: f64) {
         self.tat_us = self.tat_us.max(at_us) + self.rate.interval_us();
     }
+
+    /// Reserves the earliest time (µs) a record looked at `now_us` may go, and returns it.
+    fn pass(&mut self, now_us: f64) -> f64 {
+        let at = self.earliest(now_us);
+        self.take(at);
+        at
+    }
 }
 
-/// Why a record is held back.
+/// Why a record is held back, which is also the stage it comes back after.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Cause {
     /// Spread over its target's window: comes back to be paced.
     Spread,
-    /// Paced by a rate: goes out when it comes back.
+    /// Paced by its target's rate: comes back to pass the global pace.
     Rate,
+    /// Paced by the global rate: goes out when it comes back.
+    Global,
 }
 
 /// A record held back, until it comes back from the wheel.
@@ -310,9 +336,14 @@ impl Limiter {
 
     /// Decides for record `id` of `target`, due at `due_ms`, whose timer came up at `now_ms`.
     /// Records must be looked at in due order for their line to keep it.
+    ///
+    /// A record passes up to three stages, each of which may hold it: its target's spread, its
+    /// target's pace, then the global pace. A held record comes back to the stage after the
+    /// one that held it, so the global bucket is only charged for records whose target lets
+    /// them go now: a long line on one target never reserves global capacity ahead of time.
     pub fn decide(&mut self, id: RecordId, target: &str, due_ms: u64, now_ms: u64) -> Decision {
         let t = self.target(target);
-        let mut spread_done = false;
+        let mut stage = Cause::Spread;
         let mut released_ms = due_ms;
         if let Some(h) = self.held.get(&id) {
             if h.release_ms > now_ms {
@@ -321,42 +352,58 @@ impl Limiter {
             let h = self.held.remove(&id).expect("present");
             self.held_count[h.target as usize] -= 1;
             released_ms = h.release_ms;
-            match h.cause {
-                Cause::Rate => return Decision::Go { released_ms },
-                Cause::Spread => spread_done = true,
-            }
+            stage = match h.cause {
+                Cause::Spread => Cause::Rate,
+                Cause::Rate => Cause::Global,
+                Cause::Global => return Decision::Go { released_ms },
+            };
         }
-        let rule = self.targets[t].1.map(|r| &self.limits.rules[r]);
-        if let Some(rule) = rule.filter(|r| r.spread_ms > 0 && !spread_done) {
-            let at = due_ms.saturating_add(spread_offset(id, rule.spread_ms));
-            if at > now_ms {
-                return self.hold(id, t, at, Cause::Spread);
+        if stage == Cause::Spread {
+            let rule = self.targets[t].1.map(|r| &self.limits.rules[r]);
+            if let Some(rule) = rule.filter(|r| r.spread_ms > 0) {
+                let at = due_ms.saturating_add(spread_offset(id, rule.spread_ms));
+                if at > now_ms {
+                    return self.hold(id, t, at, Cause::Spread);
+                }
             }
+            stage = Cause::Rate;
         }
         let now_us = now_ms as f64 * 1_000.0;
-        let target_at = self.targets[t].2.map_or(now_us, |b| b.earliest(now_us));
-        let at_us = self
-            .global
-            .map_or(target_at, |g| g.earliest(now_us).max(target_at));
-        if let Some(b) = self.targets[t].2.as_mut() {
-            b.take(at_us);
+        // The time the global stage starts from: the record's own slot on its target's pace
+        // (not the later time a loaded machine looked at it, which would slow the pace down).
+        let mut base_us = now_us;
+        if stage == Cause::Rate {
+            if let Some(b) = self.targets[t].2.as_mut() {
+                let at_us = b.pass(now_us);
+                if let Some(until_ms) = later_millisecond(at_us, now_ms) {
+                    return self.hold(id, t, until_ms, Cause::Rate);
+                }
+                base_us = at_us;
+            }
+        } else if self.targets[t].2.is_some() {
+            // Back from its target's pace: its slot was the release time.
+            base_us = (released_ms as f64 * 1_000.0).min(now_us);
         }
+        // The global pace, and no earlier than the target's floor: the global bucket is only
+        // charged for records whose target lets them go now.
+        let floor = self.targets[t]
+            .2
+            .map_or(base_us, |b| b.floor_us.max(base_us));
+        let at_us = self.global.map_or(floor, |g| g.earliest(floor));
         if let Some(g) = self.global.as_mut() {
             g.take(at_us);
         }
-        // The millisecond that contains `at_us`: a record allowed at 10.4 ms goes at 10 ms, so
-        // a pace above 1,000/s puts several records in one millisecond rather than lagging.
-        let at_ms = (at_us / 1_000.0) as u64;
-        if at_ms > now_ms {
-            self.hold(id, t, at_ms, Cause::Rate)
-        } else if at_us > now_us {
-            // Paced to a later point of this millisecond.
-            Decision::Go {
-                released_ms: released_ms.max(at_ms),
-            }
-        } else {
-            Decision::Go { released_ms }
+        if let Some(b) = self.targets[t].2.as_mut() {
+            b.went(at_us);
         }
+        if let Some(until_ms) = later_millisecond(at_us, now_ms) {
+            return self.hold(id, t, until_ms, Cause::Global);
+        }
+        if at_us > now_us {
+            // Paced to a later point of this millisecond.
+            released_ms = released_ms.max(at_us as u64 / 1_000);
+        }
+        Decision::Go { released_ms }
     }
 
     fn hold(&mut self, id: RecordId, target: usize, until_ms: u64, cause: Cause) -> Decision {
@@ -394,6 +441,14 @@ impl Limiter {
     pub fn held(&self) -> usize {
         self.held.len()
     }
+}
+
+/// The millisecond that contains `at_us`, if it is after `now_ms`. A record allowed at 10.4 ms
+/// goes at 10 ms, so a pace above 1,000/s puts several records in one millisecond rather than
+/// lagging.
+fn later_millisecond(at_us: f64, now_ms: u64) -> Option<u64> {
+    let at_ms = (at_us / 1_000.0) as u64;
+    (at_ms > now_ms).then_some(at_ms)
 }
 
 /// Where in a spread window of `spread_ms` record `id` goes: the same place every time (after a

@@ -338,6 +338,8 @@ impl Publisher {
         let mut held_targets = Vec::new();
         let mut early = Vec::new();
         for (due, record) in records {
+            // Never before the timer's own time, even if the clock stepped back since.
+            let now = now.max(due.at_ms);
             match limiter.decide(due.id, record.target(), record.due_ms(), now) {
                 Decision::Go { released_ms } => go.push((due, record, released_ms)),
                 Decision::Hold { until_ms } => {

@@ -27,6 +27,11 @@ const result = { steps: [], dialogs: [], screenshots: [] };
 
 function check(ok, what) {
   if (!ok) throw new Error("failed: " + what);
+  passed(what);
+}
+
+/** A step whose check was the wait before it (a timeout throws). */
+function passed(what) {
   result.steps.push(what);
   console.log("ok  " + what);
 }
@@ -64,6 +69,14 @@ try {
   page.on("pageerror", (e) => errors.push(String(e)));
 
   if (phase === "open") {
+    // First, so that it is cancelled long before it is due.
+    await page.goto(base + `/ui#/record/${ids.cancel}`);
+    await page.waitForSelector("#record-cancel");
+    const cancel = await confirmed(page, "#record-cancel");
+    check(cancel.question.includes("Cancel record " + ids.cancel), "cancel asks first");
+    check(cancel.outcome.includes("Cancelled " + ids.cancel), "cancel shows its outcome");
+    result.cancelled_at = cancel.at;
+
     await page.goto(base + "/ui#/");
     await page.waitForSelector("text=Pending by target");
     check((await page.textContent("main")).includes(ids.target), "overview lists the target with pending records");
@@ -96,14 +109,6 @@ try {
     check((await page.$$("main script, main img")).length === 0, "no element was made from the record's markup");
     await shot(page, "record");
 
-    // Cancel from the page.
-    await page.goto(base + `/ui#/record/${ids.cancel}`);
-    await page.waitForSelector("#record-cancel");
-    const cancel = await confirmed(page, "#record-cancel");
-    check(cancel.question.includes("Cancel record " + ids.cancel), "cancel asks first");
-    check(cancel.outcome.includes("Cancelled " + ids.cancel), "cancel shows its outcome");
-    result.cancelled_at = cancel.at;
-
     // Fire now from the page.
     await page.goto(base + `/ui#/record/${ids.fire}`);
     await page.waitForSelector("#record-fire");
@@ -134,7 +139,7 @@ try {
         await page.reload();
         await page.waitForFunction(() => document.querySelector("tr[data-replay] .state")?.textContent.startsWith("done"), null, { timeout: 30000, polling: 500 });
       });
-    check(true, "the replay is shown as done");
+    passed("the replay is shown as done");
     await shot(page, "dead-letters");
 
     // Recently fired shows the record fired from the page.
@@ -145,7 +150,7 @@ try {
     });
     await page.goto(base + "/ui#/fired");
     await page.waitForSelector(`tr[data-id="${ids.fire}"]`);
-    check(true, "recently fired lists the record fired from the page");
+    passed("recently fired lists the record fired from the page");
     await shot(page, "fired");
 
     // A page of another origin cannot act: its request is refused (or never sent). The same
@@ -170,7 +175,12 @@ try {
       return out;
     }, { base, id: ids.find });
     result.cross_origin = attempts;
-    check(attempts.length === 3, "a page of another origin tried to fire, bulk-cancel and cancel");
+    // The browser lets such a page read no answer: each attempt is opaque or blocked. What the
+    // server did with the ones it received is checked on Kafka by the Rust test.
+    check(
+      attempts.length === 3 && attempts.every((a) => / opaque 0$| blocked /.test(a)),
+      "a page of another origin can send but read nothing: " + attempts.join("; "),
+    );
   } else if (phase === "token") {
     const token = env("CONSOLE_TOKEN");
     await page.goto(base + "/ui#/pending");
@@ -189,11 +199,11 @@ try {
     await page.fill("#token", "wrong-token-wrong-token");
     await page.click("#token-form button[type=submit]");
     await page.waitForSelector("#token-form");
-    check(true, "a wrong token brings the prompt back");
+    passed("a wrong token brings the prompt back");
     await page.fill("#token", token);
     await page.click("#token-form button[type=submit]");
     await page.waitForSelector(`tr[data-id="${ids.find}"]`);
-    check(true, "with the token the pending records show");
+    passed("with the token the pending records show");
   }
   check(errors.length === 0, "no script error on any page: " + errors.join("; "));
   check(result.dialogs.length === 0, "no alert ran");

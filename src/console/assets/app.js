@@ -14,6 +14,8 @@ function el(tag, attrs, ...children) {
   for (const [k, v] of Object.entries(attrs || {})) {
     if (v === undefined || v === null || v === false) continue;
     if (k.startsWith("on")) e.addEventListener(k.slice(2), v);
+    // Inline style attributes are refused by the page's CSP; set the property instead.
+    else if (k === "width") e.style.width = v;
     else e.setAttribute(k, v === true ? "" : String(v));
   }
   for (const c of children.flat()) {
@@ -231,7 +233,7 @@ async function overview() {
               {},
               el("td", {}, iso(m.minute_ms).slice(11, 16)),
               el("td", { class: "num" }, fmt(m.fired)),
-              el("td", {}, el("span", { class: "bar", style: "width:" + Math.round((100 * m.fired) / most) + "px" }), " ", el("span", { class: "bar dead", style: "width:" + Math.round((100 * m.dead_lettered) / most) + "px" })),
+              el("td", {}, el("span", { class: "bar", width: Math.round((100 * m.fired) / most) + "px" }), " ", el("span", { class: "bar dead", width: Math.round((100 * m.dead_lettered) / most) + "px" })),
               el("td", { class: "num" }, fmt(m.dead_lettered)),
             ),
           ),
@@ -249,7 +251,6 @@ async function overview() {
       ),
     ),
   );
-  refresh = setInterval(() => overview().catch(() => {}), 5000);
 }
 
 async function pending() {
@@ -285,7 +286,7 @@ async function pending() {
         "td",
         { class: "actions" },
         el("button", { class: "cancel", onclick: () => act("Cancel record " + r.id + " (due " + iso(r.due_ms) + ", target " + r.target + ")? It will never be delivered.", "DELETE", "/api/v1/pending/" + r.id, undefined, () => "Cancelled " + r.id, reload) }, "Cancel"),
-        el("button", { class: "fire", onclick: () => act("Fire record " + r.id + " to " + r.target + " now?", "POST", "/api/v1/pending/" + r.id + "/fire", {}, () => "Fired " + r.id + " now", reload) }, "Fire now"),
+        el("button", { class: "fire", onclick: () => act("Fire record " + r.id + " to " + r.target + " now?", "POST", "/api/v1/pending/" + r.id + "/fire", {}, () => "Fired " + r.id + " now (at its turn if a fire limit holds its target)", reload) }, "Fire now"),
       ),
     ),
   );
@@ -369,7 +370,7 @@ async function record(id) {
       "div",
       { class: "bulk actions" },
       el("button", { id: "record-cancel", onclick: () => act("Cancel record " + r.id + "? It will never be delivered.", "DELETE", "/api/v1/pending/" + r.id, undefined, () => "Cancelled " + r.id, back) }, "Cancel"),
-      el("button", { id: "record-fire", onclick: () => act("Fire record " + r.id + " to " + r.target + " now?", "POST", "/api/v1/pending/" + r.id + "/fire", {}, () => "Fired " + r.id + " now", back) }, "Fire now"),
+      el("button", { id: "record-fire", onclick: () => act("Fire record " + r.id + " to " + r.target + " now?", "POST", "/api/v1/pending/" + r.id + "/fire", {}, () => "Fired " + r.id + " now (at its turn if a fire limit holds its target)", back) }, "Fire now"),
       when,
       el("button", {
         id: "record-reschedule",
@@ -495,7 +496,13 @@ async function route() {
   for (const a of document.querySelectorAll("header nav a")) a.classList.toggle("active", a.dataset.view === (name === "record" ? "pending" : name));
   document.getElementById("sign-out").hidden = !sessionStorage.getItem(TOKEN);
   try {
-    if (name === "overview") await overview();
+    if (name === "overview") {
+      await overview();
+      // One refresh timer, cleared by the next route; it redraws only while the overview shows.
+      refresh = setInterval(() => {
+        if ((location.hash.slice(1) || "/").split("?")[0] === "/") overview().catch(() => {});
+      }, 5000);
+    }
     else if (name === "pending") await pending();
     else if (name === "record") await record(parts[1]);
     else if (name === "dead-letters") await deadLetters(parts[1]);
