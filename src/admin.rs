@@ -299,7 +299,8 @@ fn summary(store: &Store, rid: RecordId, due_ms: u64, target: &str) -> Value {
     })
 }
 
-fn text(bytes: Option<&[u8]>) -> Value {
+/// `bytes` as text when they are UTF-8, else null.
+pub(crate) fn text(bytes: Option<&[u8]>) -> Value {
     bytes
         .and_then(|b| std::str::from_utf8(b).ok())
         .map_or(Value::Null, |s| Value::String(s.to_owned()))

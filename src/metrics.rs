@@ -398,6 +398,19 @@ impl Metrics {
     }
 }
 
+/// A quantile of a histogram in ms: the upper bound of the first bucket holding `q` of its
+/// samples (none when no bucket does).
+pub fn bucket_quantile_ms(histogram: &Histogram, q: f64) -> Option<f64> {
+    use prometheus::core::Metric;
+    let m = histogram.metric();
+    let h = m.get_histogram();
+    let count = h.get_sample_count() as f64;
+    h.get_bucket()
+        .iter()
+        .find(|b| b.cumulative_count() as f64 >= q * count)
+        .map(|b| b.upper_bound() * 1_000.0)
+}
+
 /// Renders a registry in the Prometheus text format.
 pub fn render(registry: &Registry) -> String {
     use prometheus::Encoder;

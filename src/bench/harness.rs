@@ -5,7 +5,6 @@ use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use prometheus::core::Metric as _;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::ClientConfig;
@@ -190,13 +189,6 @@ pub(super) fn paced(started: Instant, rate: f64, total: u64) -> u64 {
 
 /// The upper bounds, in ms, of the buckets holding p50, p99 and p99.9 of a histogram in seconds.
 pub(super) fn bucket_bounds(histogram: &prometheus::Histogram) -> [f64; 3] {
-    let m = histogram.metric();
-    let h = m.get_histogram();
-    let count = h.get_sample_count() as f64;
-    [0.5, 0.99, 0.999].map(|q| {
-        h.get_bucket()
-            .iter()
-            .find(|b| b.cumulative_count() as f64 >= q * count)
-            .map_or(f64::INFINITY, |b| b.upper_bound() * 1_000.0)
-    })
+    [0.5, 0.99, 0.999]
+        .map(|q| crate::metrics::bucket_quantile_ms(histogram, q).unwrap_or(f64::INFINITY))
 }

@@ -189,7 +189,7 @@ impl Source {
                 "reason": header(names::ERROR),
                 "detail": header(names::ERROR_DETAIL),
                 "target": header(names::TARGET),
-                "key": super::text(msg.key()),
+                "key": crate::admin::text(msg.key()),
                 "value": shown.map(|v| String::from_utf8_lossy(v).into_owned()),
                 "value_bytes": payload.map(<[u8]>::len),
                 "value_hex": super::hex(payload),

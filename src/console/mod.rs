@@ -17,7 +17,7 @@ use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::{Json, Router};
-use prometheus::core::{Collector, Metric};
+use prometheus::core::Collector;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
@@ -80,13 +80,6 @@ async fn asset(kind: &'static str, body: &'static str) -> impl IntoResponse {
     )
 }
 
-/// `bytes` as text when they are UTF-8.
-pub(crate) fn text(bytes: Option<&[u8]>) -> Value {
-    bytes
-        .and_then(|b| std::str::from_utf8(b).ok())
-        .map_or(Value::Null, |s| Value::String(s.to_owned()))
-}
-
 /// Most bytes shown in hex.
 const HEX_BYTES: usize = 4_096;
 
@@ -108,18 +101,12 @@ pub(crate) fn total(counter: &prometheus::IntCounterVec) -> u64 {
         .sum()
 }
 
-/// A quantile from a histogram's buckets (the upper bound of the bucket it falls in), ms.
+/// A quantile of a histogram in ms (the upper bound of its bucket); none before a sample.
 fn quantile_ms(histogram: &prometheus::Histogram, q: f64) -> Option<f64> {
-    let m = histogram.metric();
-    let h = m.get_histogram();
-    let count = h.get_sample_count() as f64;
-    if count == 0.0 {
+    if histogram.get_sample_count() == 0 {
         return None;
     }
-    h.get_bucket()
-        .iter()
-        .find(|b| b.cumulative_count() as f64 >= q * count)
-        .map(|b| b.upper_bound() * 1_000.0)
+    crate::metrics::bucket_quantile_ms(histogram, q)
 }
 
 async fn overview(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
@@ -162,11 +149,8 @@ async fn overview(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
         })
         .collect();
     let c = &a.console;
-    let minutes = c.minutes.per_minute(
-        now,
-        total(&a.metrics.fired),
-        total(&a.metrics.dead_lettered),
-    );
+    let (fired, dead) = (total(&a.metrics.fired), total(&a.metrics.dead_lettered));
+    let minutes = c.minutes.per_minute(now, fired, dead);
     Ok(Json(json!({
         "now_ms": now,
         "instance": {
@@ -182,8 +166,8 @@ async fn overview(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
         "oldest_overdue_ms": earliest.map_or(0, |due| now.saturating_sub(due)),
         "held": held,
         "per_minute": minutes,
-        "fired_total": total(&a.metrics.fired),
-        "dead_lettered_total": total(&a.metrics.dead_lettered),
+        "fired_total": fired,
+        "dead_lettered_total": dead,
         "lateness_ms": {
             "fire_p50": quantile_ms(&a.metrics.fire_lateness, 0.5),
             "fire_p99": quantile_ms(&a.metrics.fire_lateness, 0.99),

@@ -15,8 +15,9 @@ const MAX_TEXT: usize = 256;
 /// One fired record as the console shows it.
 #[derive(Debug, Clone, Serialize)]
 pub struct Fired {
-    /// The record's id while it was pending (16 hex digits).
-    pub id: String,
+    /// The record's id while it was pending (shown as 16 hex digits, formatted only when read).
+    #[serde(serialize_with = "hex_id")]
+    pub id: u64,
     /// Target topic.
     pub target: String,
     /// Its key as text (lossy, cut at 256 bytes), if any.
@@ -59,6 +60,10 @@ impl History {
     }
 }
 
+fn hex_id<S: serde::Serializer>(id: &u64, s: S) -> Result<S::Ok, S::Error> {
+    s.collect_str(&format_args!("{id:016x}"))
+}
+
 /// `bytes` as text for display: lossy UTF-8, cut at a character boundary near [`MAX_TEXT`].
 pub fn text(bytes: Option<&[u8]>) -> Option<String> {
     let b = bytes?;
@@ -72,7 +77,7 @@ mod tests {
 
     fn fired(n: u64) -> Fired {
         Fired {
-            id: format!("{n:016x}"),
+            id: n,
             target: if n % 2 == 0 { "even" } else { "odd" }.into(),
             key: None,
             delay_id: None,
@@ -93,6 +98,12 @@ mod tests {
         let odd = h.newest(3, |f| f.target == "odd");
         let dues: Vec<u64> = odd.iter().map(|f| f.due_ms).collect();
         assert_eq!(dues, vec![1_009, 1_007, 1_005]);
+    }
+
+    #[test]
+    fn ids_are_shown_as_the_admin_api_shows_them() {
+        let v = serde_json::to_value(fired(0x2a)).unwrap();
+        assert_eq!(v["id"], "000000000000002a");
     }
 
     #[test]

@@ -507,7 +507,7 @@ impl Publisher {
                             .observe((sent.released_ms - due_ms) as f64 / 1000.0);
                     }
                     fired.push(history::Fired {
-                        id: format!("{:016x}", sent.id.0),
+                        id: sent.id.0,
                         target: sent.record.target().to_owned(),
                         key: history::text(sent.record.key()),
                         delay_id: history::text(sent.record.id()),
