@@ -7,9 +7,11 @@ WORKDIR /src
 COPY Cargo.toml Cargo.lock ./
 # The build flags (RocksDB with the CPU's CRC instructions on x86-64).
 COPY .cargo ./.cargo
-COPY src ./src
+COPY crates ./crates
 COPY schemas ./schemas
-RUN cargo build --release --locked --bin kafka-delay
+# The broker's manifest names its test suites, which live at the top of the repository.
+COPY tests ./tests
+RUN cargo build --release --locked -p kafka-delay --bin kafka-delay
 
 FROM debian:bookworm-slim
 RUN apt-get update && apt-get install -y --no-install-recommends ca-certificates libssl3 zlib1g \

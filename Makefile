@@ -50,7 +50,7 @@ console: deps
 	  (cd tests/console && npm ci --no-audit --no-fund --loglevel=error)
 
 build: deps
-	cargo build --bin kafka-delay
+	cargo build -p kafka-delay --bin kafka-delay
 
 demo: build
 	bash scripts/demo.sh
@@ -59,15 +59,15 @@ demo: build
 lint: deps
 	@if cargo fmt --version >/dev/null 2>&1; then cargo fmt --check; \
 	else echo "lint: cargo fmt is not installed here; the format check is SKIPPED"; fi
-	@if cargo clippy --version >/dev/null 2>&1; then cargo clippy --all-targets --all-features -- -D warnings; \
+	@if cargo clippy --version >/dev/null 2>&1; then cargo clippy --workspace --all-targets --all-features -- -D warnings; \
 	else echo "lint: cargo clippy is not installed here; clippy is SKIPPED"; fi
 
 # Tests named apache_kafka_* need a real Kafka: they run in the second pass. Tests named
 # mock_cluster_* inject faults through the in-process mock cluster: they run in the first only.
 # (The criterion bench takes no --skip: it runs in a command of its own.)
 test: deps kafka python console
-	cargo test --features failpoints --lib --bins --tests --examples -- --skip apache_kafka_
-	cargo test --features failpoints --bench timers
+	cargo test --workspace --features kafka-delay/failpoints --lib --bins --tests --examples -- --skip apache_kafka_
+	cargo test -p kafka-delay-bench --bench timers
 	cd clients/python && python3 -m pytest -q tests
 	cd clients/go && go test -count=1 ./...
 	cd clients/java && mvn -B -ntp install
@@ -78,5 +78,5 @@ test: deps kafka python console
 # of bad input, on the mock cluster and then on Apache Kafka (the mock takes 100,000 records of
 # bad input: it keeps about 5 MB per partition). CI runs the bounded versions inside `make test`.
 soak: deps kafka
-	KAFKA_DELAY_SOAK=1 KAFKA_DELAY_BAD_INPUT_RECORDS=100000 cargo test --features failpoints --test reliability -- --nocapture --test-threads=1 --skip apache_kafka_
-	KAFKA_DELAY_SOAK=1 bash scripts/kafka.sh run cargo test --features failpoints --test reliability -- --nocapture --test-threads=1 --skip mock_cluster_
+	KAFKA_DELAY_SOAK=1 KAFKA_DELAY_BAD_INPUT_RECORDS=100000 cargo test --features kafka-delay/failpoints --test reliability -- --nocapture --test-threads=1 --skip apache_kafka_
+	KAFKA_DELAY_SOAK=1 bash scripts/kafka.sh run cargo test --features kafka-delay/failpoints --test reliability -- --nocapture --test-threads=1 --skip mock_cluster_

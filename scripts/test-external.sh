@@ -10,10 +10,10 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 : "${KAFKA_DELAY_TEST_BROKERS:?set KAFKA_DELAY_TEST_BROKERS, or run: bash scripts/kafka.sh run bash $0}"
 echo "the broker suites against $KAFKA_DELAY_TEST_BROKERS"
-cargo test --features failpoints \
+cargo test --features kafka-delay/failpoints \
   --test e2e --test retry --test admin --test process --test reliability --test observability \
-  --test apache_kafka --test limits --test console -- --skip mock_cluster_ "$@"
-KAFKA_DELAY_BIN=$(cargo build --features failpoints --bin kafka-delay --message-format=json |
+  --test apache_kafka --test limits --test console --test commands -- --skip mock_cluster_ "$@"
+KAFKA_DELAY_BIN=$(cargo build --features kafka-delay/failpoints -p kafka-delay --bin kafka-delay --message-format=json |
   python3 -c 'import json, sys
 print([m["executable"] for m in map(json.loads, sys.stdin)
        if m.get("reason") == "compiler-artifact" and m.get("executable")][-1])')

@@ -13,7 +13,7 @@ use common::*;
 const JAVA_CLIENT: &str = "tests/java/JavaClient.java";
 
 fn manifest_file(rel: &str) -> String {
-    std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join(rel))
+    std::fs::read_to_string(Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join(rel))
         .unwrap_or_else(|e| panic!("{rel}: {e}"))
 }
 
@@ -66,7 +66,7 @@ async fn apache_kafka_java_client_gets_delayed_records_on_its_own_partitions_and
     let out = Command::new("timeout")
         .args(["300", "java", "-cp", &apache::classpath(), JAVA_CLIENT])
         .args([&env.kafka.brokers(), &env.t.delay, &env.t.target, keys])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .current_dir(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
         .output()
         .expect("run java");
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -15,7 +15,7 @@ use serde_json::{json, Value};
 /// KAFKA_DELAY_UPDATE_SCREENSHOTS=1, a temporary directory otherwise.
 fn screenshots() -> (PathBuf, Option<tempfile::TempDir>) {
     if std::env::var("KAFKA_DELAY_UPDATE_SCREENSHOTS").is_ok_and(|v| v == "1") {
-        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("docs/console");
+        let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("docs/console");
         std::fs::create_dir_all(&dir).unwrap();
         (dir, None)
     } else {
@@ -26,7 +26,7 @@ fn screenshots() -> (PathBuf, Option<tempfile::TempDir>) {
 
 /// Runs the browser script for `phase` and returns its outcome.
 fn browse(phase: &str, url: &str, ids: &Value, token: Option<&str>, shots: &Path) -> Value {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console");
+    let dir = Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("tests/console");
     assert!(
         dir.join("node_modules/playwright-core").exists(),
         "playwright-core is not installed: run `make console` (npm ci in tests/console)"
@@ -284,10 +284,12 @@ async fn apache_kafka_console_without_the_token_can_read_and_change_nothing() {
 
 #[test]
 fn the_readme_shows_every_screenshot_the_browser_test_takes() {
-    let readme =
-        std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("README.md")).unwrap();
+    let readme = std::fs::read_to_string(
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("README.md"),
+    )
+    .unwrap();
     let script = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/console/console.mjs"),
+        Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("tests/console/console.mjs"),
     )
     .unwrap();
     let names: Vec<&str> = script
@@ -302,7 +304,9 @@ fn the_readme_shows_every_screenshot_the_browser_test_takes() {
         let path = format!("docs/console/{name}.png");
         assert!(readme.contains(&path), "README does not show {path}");
         assert!(
-            Path::new(env!("CARGO_MANIFEST_DIR")).join(&path).exists(),
+            Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../.."))
+                .join(&path)
+                .exists(),
             "{path} is missing: run the console tests with KAFKA_DELAY_UPDATE_SCREENSHOTS=1"
         );
     }

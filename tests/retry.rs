@@ -7,8 +7,8 @@ mod common;
 use std::time::{Duration, Instant};
 
 use common::*;
-use kafka_delay::client::{self, DelayedRecord};
 use kafka_delay::replay::{self, Filter, Replay};
+use kafka_delay_client::{self as client, DelayedRecord};
 use rdkafka::producer::FutureProducer;
 use rdkafka::Message;
 

@@ -14,7 +14,7 @@ use std::sync::OnceLock;
 use tempfile::TempDir;
 
 fn script() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/kafka.sh")
+    Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/../..")).join("scripts/kafka.sh")
 }
 
 /// Runs `scripts/kafka.sh ARGS` and returns its stdout; panics with its stderr on failure.
@@ -34,7 +34,7 @@ fn kafka_sh(args: &[&str]) -> String {
 }
 
 /// The Java classpath of the pinned Kafka (broker, `kafka-clients`, logging), fetched once.
-pub fn classpath() -> String {
+pub(crate) fn classpath() -> String {
     match std::env::var("KAFKA_DELAY_KAFKA_CLASSPATH") {
         Ok(cp) if !cp.is_empty() => cp,
         _ => kafka_sh(&["fetch"]).trim().to_owned(),
@@ -42,19 +42,19 @@ pub fn classpath() -> String {
 }
 
 /// The Kafka version the tests run against.
-pub fn version() -> String {
+pub(crate) fn version() -> String {
     kafka_sh(&["version"]).trim().to_owned()
 }
 
 /// A broker whose state lives in a directory of this test's; stopped (SIGKILL) when dropped,
 /// and by the script's watchdog if this test process dies first.
-pub struct Private {
+pub(crate) struct Private {
     dir: TempDir,
     brokers: String,
 }
 
 impl Private {
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         let dir = TempDir::new().expect("temp dir");
         let brokers = Self::start_in(dir.path());
         Private { dir, brokers }
@@ -69,27 +69,27 @@ impl Private {
             .to_owned()
     }
 
-    pub fn brokers(&self) -> &str {
+    pub(crate) fn brokers(&self) -> &str {
         &self.brokers
     }
 
     /// A clean stop (SIGTERM; the broker writes its producer-state snapshots and exits).
-    pub fn stop(&self) {
+    pub(crate) fn stop(&self) {
         kafka_sh(&["stop", self.dir.path().to_str().unwrap()]);
     }
 
     /// SIGKILL: the JVM dies without a clean shutdown.
-    pub fn kill(&self) {
+    pub(crate) fn kill(&self) {
         kafka_sh(&["kill", self.dir.path().to_str().unwrap()]);
     }
 
     /// Starts the stopped broker again on the same port with the same data.
-    pub fn restart(&self) {
+    pub(crate) fn restart(&self) {
         let brokers = Self::start_in(self.dir.path());
         assert_eq!(brokers, self.brokers, "the same address after a restart");
     }
 
-    pub fn log(&self) -> String {
+    pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("kafka.log")).unwrap_or_default()
     }
 }
@@ -107,7 +107,7 @@ impl Drop for Private {
 /// The real Kafka of this test process: KAFKA_DELAY_TEST_BROKERS when `make test` set it (it
 /// is then Apache Kafka from `scripts/kafka.sh run`), otherwise a [`Private`] broker started on
 /// first use and kept for the process.
-pub fn shared() -> String {
+pub(crate) fn shared() -> String {
     match std::env::var("KAFKA_DELAY_TEST_BROKERS") {
         Ok(b) if !b.is_empty() => b,
         _ => {

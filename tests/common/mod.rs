@@ -3,8 +3,8 @@
 //! unique topics per test, a real RocksDB in a TempDir, and the broker started in-process.
 #![allow(dead_code)]
 
-pub mod apache;
-pub mod procs;
+pub(crate) mod apache;
+pub(crate) mod procs;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -26,7 +26,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tempfile::TempDir;
 
-pub fn now_ms() -> u64 {
+pub(crate) fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .unwrap()
@@ -34,7 +34,7 @@ pub fn now_ms() -> u64 {
 }
 
 /// A name no other test (or earlier run against the same external broker) uses.
-pub fn unique(prefix: &str) -> String {
+pub(crate) fn unique(prefix: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
     format!(
         "{prefix}-{}-{}-{}",
@@ -45,13 +45,13 @@ pub fn unique(prefix: &str) -> String {
 }
 
 /// The Kafka the test talks to.
-pub enum Kafka {
+pub(crate) enum Kafka {
     Mock(Embedded),
     External(String),
 }
 
 impl Kafka {
-    pub fn start() -> Self {
+    pub(crate) fn start() -> Self {
         match std::env::var("KAFKA_DELAY_TEST_BROKERS") {
             Ok(b) if !b.is_empty() => Kafka::External(b),
             _ => Kafka::Mock(Embedded::start(1).expect("mock cluster")),
@@ -60,22 +60,22 @@ impl Kafka {
 
     /// Always the in-process mock cluster: for the tests that inject faults through it (a
     /// broker down inside the process, per-topic request errors).
-    pub fn embedded() -> Self {
+    pub(crate) fn embedded() -> Self {
         Kafka::Mock(Embedded::start(1).expect("mock cluster"))
     }
 
-    pub fn brokers(&self) -> String {
+    pub(crate) fn brokers(&self) -> String {
         match self {
             Kafka::Mock(e) => e.bootstrap_servers(),
             Kafka::External(b) => b.clone(),
         }
     }
 
-    pub fn is_mock(&self) -> bool {
+    pub(crate) fn is_mock(&self) -> bool {
         matches!(self, Kafka::Mock(_))
     }
 
-    pub fn mock(&self) -> Option<&Embedded> {
+    pub(crate) fn mock(&self) -> Option<&Embedded> {
         match self {
             Kafka::Mock(e) => Some(e),
             Kafka::External(_) => None,
@@ -84,7 +84,7 @@ impl Kafka {
 
     /// Creates a topic and returns its partition count (a broker without CreateTopics, such as
     /// the mock cluster in another process, auto-creates it with its own default count).
-    pub async fn create_topic(&self, name: &str, partitions: i32) -> i32 {
+    pub(crate) async fn create_topic(&self, name: &str, partitions: i32) -> i32 {
         match self {
             Kafka::Mock(e) => {
                 e.create_topic(name, partitions).expect("create topic");
@@ -138,7 +138,7 @@ impl Kafka {
     }
 
     /// Deletes a topic with DeleteTopics and waits until the broker no longer knows it.
-    pub async fn delete_topic(&self, name: &str) {
+    pub(crate) async fn delete_topic(&self, name: &str) {
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
             .set("bootstrap.servers", self.brokers())
             .create()
@@ -160,7 +160,7 @@ impl Kafka {
         }
     }
 
-    pub fn producer(&self) -> FutureProducer {
+    pub(crate) fn producer(&self) -> FutureProducer {
         ClientConfig::new()
             .set("bootstrap.servers", self.brokers())
             .set("linger.ms", "0")
@@ -172,16 +172,16 @@ impl Kafka {
 }
 
 /// One test's topics.
-pub struct Topics {
-    pub id: String,
-    pub delay: String,
-    pub target: String,
-    pub dlt: String,
-    pub pattern: String,
+pub(crate) struct Topics {
+    pub(crate) id: String,
+    pub(crate) delay: String,
+    pub(crate) target: String,
+    pub(crate) dlt: String,
+    pub(crate) pattern: String,
 }
 
 impl Topics {
-    pub fn new() -> Self {
+    pub(crate) fn new() -> Self {
         let id = unique("t").replace('-', "_");
         Topics {
             delay: format!("delay.{id}.in"),
@@ -193,12 +193,12 @@ impl Topics {
     }
 
     /// A delay topic of this test with a suffix (e.g. "30s" gives a fixed-delay topic).
-    pub fn delay_topic(&self, suffix: &str) -> String {
+    pub(crate) fn delay_topic(&self, suffix: &str) -> String {
         format!("delay.{}.{suffix}", self.id)
     }
 }
 
-pub fn config(kafka: &Kafka, topics: &Topics, data: &TempDir, extra: &[&str]) -> Config {
+pub(crate) fn config(kafka: &Kafka, topics: &Topics, data: &TempDir, extra: &[&str]) -> Config {
     let brokers = kafka.brokers();
     let data_dir = data.path().to_str().unwrap().to_owned();
     let group = format!("g-{}", topics.id);
@@ -247,11 +247,11 @@ pub fn config(kafka: &Kafka, topics: &Topics, data: &TempDir, extra: &[&str]) ->
     }
 }
 
-pub async fn start(config: Config) -> Running {
+pub(crate) async fn start(config: Config) -> Running {
     start_with_clock(config, Arc::new(SystemClock)).await
 }
 
-pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> Running {
+pub(crate) async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> Running {
     tokio::time::timeout(
         Duration::from_secs(60),
         app::start(config, clock, Registry::new()),
@@ -262,7 +262,7 @@ pub async fn start_with_clock(config: Config, clock: Arc<dyn Clock>) -> Running 
 }
 
 /// Produces one record and waits for its acknowledgement.
-pub async fn produce(
+pub(crate) async fn produce(
     producer: &FutureProducer,
     topic: &str,
     key: Option<&str>,
@@ -280,7 +280,7 @@ pub async fn produce(
     .await
 }
 
-pub async fn produce_to(
+pub(crate) async fn produce_to(
     producer: &FutureProducer,
     topic: &str,
     partition: Option<i32>,
@@ -313,7 +313,7 @@ pub async fn produce_to(
 }
 
 /// A consumer of `topic` from the beginning of its `partitions` partitions (no group).
-pub fn reader(kafka: &Kafka, topic: &str, partitions: i32) -> StreamConsumer {
+pub(crate) fn reader(kafka: &Kafka, topic: &str, partitions: i32) -> StreamConsumer {
     let c: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", kafka.brokers())
         .set("group.id", unique("reader"))
@@ -333,20 +333,20 @@ pub fn reader(kafka: &Kafka, topic: &str, partitions: i32) -> StreamConsumer {
 
 /// A received record with the local time it arrived.
 #[derive(Debug, Clone)]
-pub struct Got {
-    pub msg: OwnedMessage,
-    pub received_ms: u64,
+pub(crate) struct Got {
+    pub(crate) msg: OwnedMessage,
+    pub(crate) received_ms: u64,
 }
 
 impl Got {
-    pub fn header(&self, name: &str) -> Option<String> {
+    pub(crate) fn header(&self, name: &str) -> Option<String> {
         let hs = self.msg.headers()?;
         hs.iter()
             .find(|h| h.key == name)
             .and_then(|h| h.value.map(|v| String::from_utf8_lossy(v).into_owned()))
     }
 
-    pub fn headers(&self) -> Vec<(String, Option<String>)> {
+    pub(crate) fn headers(&self) -> Vec<(String, Option<String>)> {
         self.msg
             .headers()
             .map(|hs| {
@@ -362,19 +362,19 @@ impl Got {
             .unwrap_or_default()
     }
 
-    pub fn value(&self) -> Option<String> {
+    pub(crate) fn value(&self) -> Option<String> {
         self.msg
             .payload()
             .map(|v| String::from_utf8_lossy(v).into_owned())
     }
 
-    pub fn key(&self) -> Option<String> {
+    pub(crate) fn key(&self) -> Option<String> {
         self.msg
             .key()
             .map(|v| String::from_utf8_lossy(v).into_owned())
     }
 
-    pub fn num(&self, name: &str) -> u64 {
+    pub(crate) fn num(&self, name: &str) -> u64 {
         self.header(name)
             .unwrap_or_else(|| panic!("header {name}"))
             .parse()
@@ -383,7 +383,7 @@ impl Got {
 }
 
 /// Reads until `n` records arrived or `timeout` passed.
-pub async fn collect(c: &StreamConsumer, n: usize, timeout: Duration) -> Vec<Got> {
+pub(crate) async fn collect(c: &StreamConsumer, n: usize, timeout: Duration) -> Vec<Got> {
     let deadline = Instant::now() + timeout;
     let mut out = Vec::new();
     while out.len() < n {
@@ -404,7 +404,7 @@ pub async fn collect(c: &StreamConsumer, n: usize, timeout: Duration) -> Vec<Got
 }
 
 /// Waits until the broker consumes: a probe record due at once reaches `target`.
-pub async fn wait_consuming(kafka: &Kafka, topics: &Topics, probe_target: &str) {
+pub(crate) async fn wait_consuming(kafka: &Kafka, topics: &Topics, probe_target: &str) {
     let producer = kafka.producer();
     let reader = reader(kafka, probe_target, 1);
     produce(
@@ -424,7 +424,7 @@ pub async fn wait_consuming(kafka: &Kafka, topics: &Topics, probe_target: &str) 
 }
 
 /// Produces `r{i}` keyed `k{i}` to `topic` for each `(i, due)`, due at `due` on `target`.
-pub async fn produce_numbered(
+pub(crate) async fn produce_numbered(
     producer: &FutureProducer,
     topic: &str,
     target: &str,
@@ -446,25 +446,30 @@ pub async fn produce_numbered(
 
 /// A test's whole setup: Kafka, its topics (delay, target, dead-letter: 1 partition each, the
 /// target with `target_partitions`), a RocksDB directory, and a broker that is consuming.
-pub struct Env {
-    pub kafka: Kafka,
-    pub t: Topics,
-    pub data: TempDir,
-    pub broker: Running,
+pub(crate) struct Env {
+    pub(crate) kafka: Kafka,
+    pub(crate) t: Topics,
+    pub(crate) data: TempDir,
+    pub(crate) broker: Running,
 }
 
 impl Env {
-    pub async fn start(target_partitions: i32, extra: &[&str]) -> Env {
+    pub(crate) async fn start(target_partitions: i32, extra: &[&str]) -> Env {
         Env::start_with(Topics::new(), target_partitions, extra).await
     }
 
     /// [`Env::start`] with topics chosen before (for flags that name them).
-    pub async fn start_with(t: Topics, target_partitions: i32, extra: &[&str]) -> Env {
+    pub(crate) async fn start_with(t: Topics, target_partitions: i32, extra: &[&str]) -> Env {
         Env::start_on(Kafka::start(), t, target_partitions, extra).await
     }
 
     /// [`Env::start_with`] on a Kafka of the test's choosing.
-    pub async fn start_on(kafka: Kafka, t: Topics, target_partitions: i32, extra: &[&str]) -> Env {
+    pub(crate) async fn start_on(
+        kafka: Kafka,
+        t: Topics,
+        target_partitions: i32,
+        extra: &[&str],
+    ) -> Env {
         kafka.create_topic(&t.delay, 1).await;
         kafka.create_topic(&t.target, target_partitions).await;
         kafka.create_topic(&t.dlt, 1).await;
@@ -483,7 +488,7 @@ impl Env {
 }
 
 /// Waits until `topic` exists (without creating it) and returns its partition count.
-pub async fn wait_for_topic(kafka: &Kafka, topic: &str, timeout: Duration) -> i32 {
+pub(crate) async fn wait_for_topic(kafka: &Kafka, topic: &str, timeout: Duration) -> i32 {
     let client: rdkafka::producer::BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", kafka.brokers())
         .set("allow.auto.create.topics", "false")
@@ -514,7 +519,7 @@ pub async fn wait_for_topic(kafka: &Kafka, topic: &str, timeout: Duration) -> i3
 }
 
 /// Whether the cluster knows `topic` now (asked without creating it).
-pub fn topic_exists(kafka: &Kafka, topic: &str) -> bool {
+pub(crate) fn topic_exists(kafka: &Kafka, topic: &str) -> bool {
     let client: rdkafka::producer::BaseProducer = ClientConfig::new()
         .set("bootstrap.servers", kafka.brokers())
         .set("allow.auto.create.topics", "false")
@@ -530,7 +535,7 @@ pub fn topic_exists(kafka: &Kafka, topic: &str) -> bool {
 }
 
 /// Records in `topic` (sum of high watermarks less low ones).
-pub fn topic_size(kafka: &Kafka, topic: &str, partitions: i32) -> i64 {
+pub(crate) fn topic_size(kafka: &Kafka, topic: &str, partitions: i32) -> i64 {
     let c: rdkafka::consumer::BaseConsumer = ClientConfig::new()
         .set("bootstrap.servers", kafka.brokers())
         .create()
@@ -546,7 +551,7 @@ pub fn topic_size(kafka: &Kafka, topic: &str, partitions: i32) -> i64 {
 }
 
 /// GET on the broker's HTTP server; returns (status, body).
-pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+pub(crate) async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let mut s = tokio::net::TcpStream::connect(addr).await.expect("connect");
     s.write_all(
@@ -570,7 +575,7 @@ pub async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
 
 /// An HTTP request to the broker's server with an optional JSON body and bearer token;
 /// returns (status, parsed JSON body or Null).
-pub async fn http_json(
+pub(crate) async fn http_json(
     addr: std::net::SocketAddr,
     method: &str,
     path: &str,
@@ -606,14 +611,14 @@ pub async fn http_json(
 }
 
 /// The value of a metric line (exact name with labels) from /metrics.
-pub fn metric(body: &str, name: &str) -> Option<f64> {
+pub(crate) fn metric(body: &str, name: &str) -> Option<f64> {
     body.lines()
         .find(|l| l.starts_with(name) && l[name.len()..].starts_with(' '))
         .and_then(|l| l.rsplit(' ').next())
         .and_then(|v| v.parse().ok())
 }
 
-pub fn by_value(got: &[Got]) -> HashMap<String, Got> {
+pub(crate) fn by_value(got: &[Got]) -> HashMap<String, Got> {
     got.iter()
         .map(|g| (g.value().unwrap_or_default(), g.clone()))
         .collect()

@@ -10,9 +10,9 @@ use tempfile::TempDir;
 
 use super::{http_get, Topics};
 
-pub const BIN: &str = env!("CARGO_BIN_EXE_kafka-delay");
+pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_kafka-delay");
 
-pub struct Proc(pub Child);
+pub(crate) struct Proc(pub Child);
 
 impl Drop for Proc {
     fn drop(&mut self) {
@@ -22,7 +22,7 @@ impl Drop for Proc {
 }
 
 /// Starts a process that prints `bootstrap.servers=...` and returns it with the address.
-pub fn spawn_announcing(args: &[&str]) -> (Proc, String) {
+pub(crate) fn spawn_announcing(args: &[&str]) -> (Proc, String) {
     let mut child = Command::new(BIN)
         .args(args)
         .stdout(Stdio::piped())
@@ -52,7 +52,7 @@ pub fn spawn_announcing(args: &[&str]) -> (Proc, String) {
 /// The Kafka that broker processes of a test talk to: KAFKA_DELAY_TEST_BROKERS when set (Apache
 /// Kafka under `make test`), otherwise `kafka-delay sandbox`, the mock cluster in a process of
 /// its own, so that it outlives the brokers the test kills.
-pub fn process_kafka() -> (Option<Proc>, String) {
+pub(crate) fn process_kafka() -> (Option<Proc>, String) {
     match std::env::var("KAFKA_DELAY_TEST_BROKERS") {
         Ok(b) if !b.is_empty() => (None, b),
         _ => {
@@ -62,7 +62,7 @@ pub fn process_kafka() -> (Option<Proc>, String) {
     }
 }
 
-pub fn free_port() -> u16 {
+pub(crate) fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -70,12 +70,12 @@ pub fn free_port() -> u16 {
         .port()
 }
 
-pub fn spawn_broker(brokers: &str, t: &Topics, data: &TempDir, http_port: u16) -> Proc {
+pub(crate) fn spawn_broker(brokers: &str, t: &Topics, data: &TempDir, http_port: u16) -> Proc {
     spawn_broker_with(brokers, t, data, http_port, &[])
 }
 
 /// [`spawn_broker`] with extra environment variables (a failpoint, say).
-pub fn spawn_broker_with(
+pub(crate) fn spawn_broker_with(
     brokers: &str,
     t: &Topics,
     data: &TempDir,
@@ -121,7 +121,7 @@ pub fn spawn_broker_with(
     Proc(child)
 }
 
-pub async fn wait_ready(port: u16, within: Duration) -> Duration {
+pub(crate) async fn wait_ready(port: u16, within: Duration) -> Duration {
     let started = Instant::now();
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     loop {

@@ -1,0 +1,539 @@
+//! The ingest task: Kafka record -> contract -> dead letter or store -> offset -> wheel.
+//!
+//! Records are taken in groups (whatever the consumer has ready, up to [`max_group`]) so that
+//! one RocksDB write batch, and one fsync when `sync` is on, covers many records (group commit).
+//! For each group, in this order:
+//! 1. every record is interpreted; a rejected record is written to the dead-letter topic and
+//!    acknowledged before anything else happens to its offset;
+//! 2. one write batch stores the records, cancels, replacements and the next offset of every
+//!    partition in the group;
+//! 3. the offsets are stored in the consumer for its next (auto-)commit;
+//! 4. the new records go to the scheduler.
+//!
+//! A record below the offset already stored for its partition was ingested before a crash and
+//! is skipped. A RocksDB write failure (a full disk) pauses consumption and is retried; no
+//! offset is stored for anything not in RocksDB. The task never sleeps on a due time.
+
+mod context;
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::producer::FutureProducer;
+use tokio::sync::watch;
+use tracing::{debug, error, info, warn};
+
+pub use context::IngestContext;
+
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::kafka::{base_config, ensure_topic, header_refs, KafkaSetupError};
+use crate::metrics::Metrics;
+use crate::publish::dead_letter::{DeadLetter, DeadLetters, Origin};
+use crate::record::{Command, Contract, HeaderRef, Incoming};
+use crate::scheduler::{Inserts, Wake};
+use crate::store::{IngestOp, Pid, Store};
+
+/// Longest wait for the commit of the stored offsets at shutdown. librdkafka's synchronous
+/// commit has no timeout of its own, and one was seen waiting forever (a CI run, with the mock
+/// cluster still up): shutdown must end regardless. Nothing is lost without that commit, since
+/// RocksDB holds the offsets ingest resumes from.
+const FINAL_COMMIT_WAIT: Duration = Duration::from_secs(10);
+
+/// Commits `offsets` synchronously on a thread of its own and waits at most `wait` for the
+/// answer: `None` when none came, or the thread could not be started (a thread left waiting
+/// holds no runtime worker and nothing the process waits for at exit).
+async fn commit_within<X, C>(
+    consumer: Arc<C>,
+    offsets: rdkafka::TopicPartitionList,
+    wait: Duration,
+) -> Option<rdkafka::error::KafkaResult<()>>
+where
+    X: rdkafka::consumer::ConsumerContext + 'static,
+    C: Consumer<X> + Send + Sync + 'static,
+{
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("final-commit".into())
+        .spawn(move || {
+            let _ = tx.send(consumer.commit(&offsets, CommitMode::Sync));
+        })
+        .ok()?;
+    tokio::time::timeout(wait, rx).await.ok()?.ok()
+}
+
+/// Most records in one group. A group only fills when the consumer has a backlog. With `sync`
+/// each group costs one fsync: groups of up to 2,048 instead of 512 took 210 fsyncs instead of
+/// 503 for 200,000 records and raised the rate with `sync` in 6 of 6 pairs. Without it, groups
+/// that large kept a runtime worker from the publisher for longer: delivery p99 at 43.5K
+/// records/s was higher in 3 of 3 pairs (BENCHMARKS.md, "What was tried").
+pub fn max_group(sync: bool) -> usize {
+    if sync {
+        2_048
+    } else {
+        512
+    }
+}
+
+/// The ingest consumer's librdkafka configuration (also what `kafka-delay bench` gives its
+/// passthrough consumer, so that both read Kafka the same way).
+pub fn consumer_config(config: &Config) -> rdkafka::ClientConfig {
+    let mut c = base_config(config);
+    c.set("group.id", &config.group_id)
+        .set("enable.auto.offset.store", "false")
+        .set("allow.auto.create.topics", "false")
+        .set(
+            "topic.metadata.refresh.interval.ms",
+            config.topic_refresh_ms.to_string(),
+        );
+    if let Some(id) = &config.instance_id {
+        c.set("group.instance.id", id);
+    }
+    let defaults = [
+        ("enable.auto.commit", "true"),
+        ("auto.commit.interval.ms", "1000"),
+        ("auto.offset.reset", "earliest"),
+        // Low enough that a restarted instance is consuming again within seconds even where
+        // the cluster does not honour static membership; the minimum Kafka brokers allow.
+        ("session.timeout.ms", "6000"),
+        ("isolation.level", "read_committed"),
+        // Kafka answers a fetch as soon as data arrives; brokers that hold a fetch for its
+        // whole wait (librdkafka's mock cluster) would add up to this much to ingest latency.
+        ("fetch.wait.max.ms", "100"),
+        // Once more than `queued.min.messages` (100,000) records wait in the local queue,
+        // librdkafka postpones the next fetch by this much (its default is a whole second): a
+        // backlog bigger than that was consumed in bursts with one-second pauses between them.
+        ("fetch.queue.backoff.ms", "10"),
+        // Consumer lag per partition for the metrics.
+        ("statistics.interval.ms", "5000"),
+    ];
+    for (k, v) in defaults {
+        if !config.kafka_config.iter().any(|p| p.key == k) {
+            c.set(k, v);
+        }
+    }
+    c
+}
+
+/// Creates the consumer and subscribes it to the source pattern.
+///
+/// # Errors
+/// [`KafkaSetupError::Client`] for an invalid property or pattern.
+pub fn consumer(
+    config: &Config,
+    store: Arc<Store>,
+    metrics: Metrics,
+) -> Result<StreamConsumer<IngestContext>, KafkaSetupError> {
+    let c = consumer_config(config);
+    let consumer: StreamConsumer<IngestContext> = c
+        .create_with_context(IngestContext { store, metrics })
+        .map_err(|source| KafkaSetupError::Client {
+            client: "consumer",
+            source,
+        })?;
+    // librdkafka treats a subscription starting with ^ as a regex.
+    let pattern = config.contract.source_pattern.as_str();
+    let subscription = if pattern.starts_with('^') {
+        pattern.to_owned()
+    } else {
+        format!("^.*{pattern}")
+    };
+    consumer
+        .subscribe(&[&subscription])
+        .map_err(|source| KafkaSetupError::Client {
+            client: "consumer subscription",
+            source,
+        })?;
+    Ok(consumer)
+}
+
+/// Polls `future` once and returns its output if it is ready at once: how a group takes what
+/// the consumer already holds without arming a timer per record.
+pub fn ready_now<F: std::future::Future>(future: F) -> Option<F::Output> {
+    let mut future = std::pin::pin!(future);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    match future.as_mut().poll(&mut cx) {
+        std::task::Poll::Ready(out) => Some(out),
+        std::task::Poll::Pending => None,
+    }
+}
+
+/// The ingest task's state.
+pub struct Ingest {
+    /// The subscribed consumer (shared with the group of records it lent out).
+    pub consumer: Arc<StreamConsumer<IngestContext>>,
+    /// The store.
+    pub store: Arc<Store>,
+    /// The header contract.
+    pub contract: Contract,
+    /// Wall clock.
+    pub clock: Arc<dyn Clock>,
+    /// Metrics.
+    pub metrics: Metrics,
+    /// New records go here.
+    pub scheduler: Inserts,
+    /// Rejected records go here.
+    pub dead: DeadLetters,
+    /// Next offset to ingest per partition (anything below was stored before).
+    pub next_offsets: HashMap<Pid, i64>,
+    /// False while RocksDB refuses writes.
+    pub store_healthy: Arc<AtomicBool>,
+    /// Creates the targets' retry dead-letter topics on first use.
+    pub dead_letter_topics: TopicCreator,
+    /// Most records in one group ([`max_group`]).
+    pub max_group: usize,
+    /// Set by [`Ingest::run`]: a RocksDB write that keeps failing gives up when it turns true.
+    pub stopping: Option<watch::Receiver<bool>>,
+}
+
+/// Creates topics the broker writes to on first use (the retry dead-letter topics), once each.
+#[derive(Clone)]
+pub struct TopicCreator {
+    config: Arc<Config>,
+    producer: FutureProducer,
+    known: HashSet<String>,
+}
+
+impl std::fmt::Debug for TopicCreator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TopicCreator")
+            .field("known", &self.known.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl TopicCreator {
+    /// Topics are created with `config.dead_letter_partitions` partitions.
+    pub fn new(config: Arc<Config>, producer: FutureProducer) -> Self {
+        Self {
+            config,
+            producer,
+            known: HashSet::new(),
+        }
+    }
+
+    /// Makes sure `topic` exists. When it cannot be created the record is still scheduled: the
+    /// fire path retries it and then dead-letters it to the broker's topic, so nothing is lost.
+    async fn ensure(&mut self, topic: &str) {
+        if self.known.contains(topic) {
+            return;
+        }
+        let partitions = self.config.dead_letter_partitions;
+        match ensure_topic(&self.config, &self.producer, topic, partitions).await {
+            Ok(()) => {
+                info!(%topic, "retry dead-letter topic ready");
+                self.known.insert(topic.to_owned());
+            }
+            Err(e) => warn!(%topic, error = %e, "cannot create a retry dead-letter topic"),
+        }
+    }
+}
+
+impl std::fmt::Debug for Ingest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Ingest")
+            .field("partitions", &self.next_offsets.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Ingest {
+    /// Runs until `shutdown`, then commits the stored offsets.
+    pub async fn run(mut self, mut shutdown: watch::Receiver<bool>) {
+        self.stopping = Some(shutdown.clone());
+        // The records are read where librdkafka holds them (no copy of each one first): they
+        // borrow this handle, not `self`, which processing them changes.
+        let consumer = self.consumer.clone();
+        loop {
+            let first = tokio::select! {
+                biased;
+                _ = shutdown.wait_for(|s| *s) => break,
+                m = consumer.recv() => m,
+            };
+            let first = match first {
+                Ok(m) => m,
+                Err(e) => {
+                    warn!(error = %e, "consumer error");
+                    continue;
+                }
+            };
+            let mut group = vec![first];
+            while group.len() < self.max_group {
+                match ready_now(consumer.recv()) {
+                    Some(Ok(m)) => group.push(m),
+                    _ => break,
+                }
+            }
+            self.process(group).await;
+        }
+        // Commit exactly what RocksDB holds, for the partitions still assigned: never the
+        // consumer's position, which can be past a group that was fetched but not stored.
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        let assigned = self.consumer.assignment().unwrap_or_default();
+        for (pid, next) in &self.next_offsets {
+            let Some((topic, partition)) = self.store.partition_of(*pid) else {
+                continue;
+            };
+            if assigned.find_partition(&topic, partition).is_some() {
+                let _ = tpl.add_partition_offset(&topic, partition, rdkafka::Offset::Offset(*next));
+            }
+        }
+        if tpl.count() == 0 {
+            return;
+        }
+        let partitions = tpl.count();
+        match commit_within(self.consumer.clone(), tpl, FINAL_COMMIT_WAIT).await {
+            Some(Ok(())) => info!(partitions, "offsets committed"),
+            Some(Err(e)) => debug!(error = %e, "no offsets committed at shutdown"),
+            None => warn!(
+                partitions,
+                wait_s = FINAL_COMMIT_WAIT.as_secs(),
+                "offsets not committed at shutdown in time; ingest resumes from the offsets in \
+                 RocksDB and skips what it already stored"
+            ),
+        }
+    }
+
+    async fn process(&mut self, group: Vec<BorrowedMessage<'_>>) {
+        if let Some(m) = group.first() {
+            debug!(
+                topic = m.topic(),
+                partition = m.partition(),
+                offset = m.offset(),
+                records = group.len(),
+                "group"
+            );
+        }
+        let now = self.clock.now_ms();
+        let mut ops = Vec::with_capacity(group.len());
+        let mut dead = Vec::new();
+        // Last offset of each source partition in this group, by the partition's store id.
+        let mut last: HashMap<Pid, (&str, i32, i64)> = HashMap::new();
+        // The source topic of each record taken, for the metric.
+        let mut ingested: Vec<&str> = Vec::with_capacity(group.len());
+        // A group holds runs of records from one partition: its id is looked up once per run.
+        let mut current: Option<(&str, i32, Pid)> = None;
+        // Each record's headers, read in place (the contract copies the ones it carries on).
+        let mut headers: Vec<HeaderRef<'_>> = Vec::new();
+        for m in &group {
+            let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
+            let pid = match current {
+                Some((t, p, pid)) if t == topic && p == partition => pid,
+                _ => {
+                    let pid = self.partition_id(topic, partition).await;
+                    current = Some((topic, partition, pid));
+                    pid
+                }
+            };
+            if offset < self.next_offsets.get(&pid).copied().unwrap_or(0) {
+                debug!(%topic, partition, offset, "already stored; skipped");
+                continue; // stored before a crash; Kafka's commit had not caught up
+            }
+            ingested.push(topic);
+            header_refs(m.headers(), &mut headers);
+            let incoming = Incoming {
+                topic,
+                timestamp_ms: m
+                    .timestamp()
+                    .to_millis()
+                    .and_then(|t| u64::try_from(t).ok()),
+                key: m.key(),
+                value: m.payload(),
+                headers: &headers,
+            };
+            match self.contract.interpret(&incoming, now) {
+                Ok(Command::Schedule(schedule)) => ops.push(IngestOp::Schedule {
+                    pid,
+                    offset,
+                    schedule,
+                }),
+                Ok(Command::Retry { schedule, attempt }) => {
+                    debug!(%topic, partition, offset, target = %schedule.target(), attempt, "retry");
+                    self.metrics
+                        .retries
+                        .with_label_values(&[schedule.target()])
+                        .inc();
+                    ops.push(IngestOp::Schedule {
+                        pid,
+                        offset,
+                        schedule,
+                    });
+                }
+                Ok(Command::Exhausted { schedule, target }) => {
+                    debug!(%topic, partition, offset, %target, dead_letter = %schedule.target(),
+                           "retries exhausted");
+                    self.metrics
+                        .retries_exhausted
+                        .with_label_values(&[&target])
+                        .inc();
+                    self.dead_letter_topics.ensure(schedule.target()).await;
+                    ops.push(IngestOp::Schedule {
+                        pid,
+                        offset,
+                        schedule,
+                    });
+                }
+                Ok(Command::Cancel { id }) => ops.push(IngestOp::Cancel { pid, offset, id }),
+                Err(reject) => {
+                    debug!(%topic, partition, offset, reason = %reject.reason, detail = %reject.detail,
+                           "record rejected");
+                    self.metrics
+                        .rejected
+                        .with_label_values(&[reject.reason.code()])
+                        .inc();
+                    ops.push(IngestOp::Skip { pid, offset });
+                    dead.push(DeadLetter {
+                        key: m.key().map(<[u8]>::to_vec),
+                        value: m.payload().map(<[u8]>::to_vec),
+                        headers: headers.iter().map(|h| h.to_header()).collect(),
+                        reject,
+                        origin: Origin {
+                            topic: topic.to_owned(),
+                            partition,
+                            offset,
+                        },
+                    });
+                }
+            }
+            last.insert(pid, (topic, partition, offset));
+        }
+        crate::metrics::count_each(&self.metrics.ingested, ingested);
+        if ops.is_empty() {
+            return;
+        }
+        crate::failpoint::hit("after-consume");
+        if !dead.is_empty() {
+            self.dead_letters(&dead).await;
+        }
+        let Some(applied) = self.apply(ops, now).await else {
+            // Stopping while RocksDB refuses writes: no offset is stored for this group, so
+            // Kafka delivers it again after the restart.
+            return;
+        };
+        crate::failpoint::hit("after-store-write");
+        for (pid, (topic, partition, offset)) in last {
+            if let Err(e) = self.consumer.store_offset(topic, partition, offset) {
+                debug!(%topic, partition, error = %e, "offset not stored (partition revoked?)");
+            }
+            self.next_offsets.insert(pid, offset + 1);
+        }
+        self.metrics.replaced.inc_by(applied.replaced as u64);
+        self.metrics.cancelled.inc_by(applied.cancelled as u64);
+        self.metrics.pending.set(self.store.pending() as i64);
+        if !applied.inserted.is_empty()
+            && self
+                .scheduler
+                .send(Wake::Indexed(applied.inserted))
+                .await
+                .is_err()
+        {
+            warn!("scheduler stopped; new records will be loaded from RocksDB at the next start");
+        }
+    }
+
+    async fn partition_id(&self, topic: &str, partition: i32) -> Pid {
+        let mut delay = Duration::from_millis(100);
+        loop {
+            match self.store.partition_id(topic, partition) {
+                Ok(pid) => return pid,
+                Err(e) => {
+                    error!(%topic, partition, error = %e, "cannot register source partition; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(10));
+                }
+            }
+        }
+    }
+
+    async fn dead_letters(&self, dead: &[DeadLetter]) {
+        self.dead.deliver_all(dead, Duration::from_secs(60)).await;
+    }
+
+    /// Writes the group's effects (records that arrived at `now`), retrying until RocksDB takes
+    /// them or the broker stops.
+    async fn apply(&self, ops: Vec<IngestOp>, now: u64) -> Option<crate::store::Applied> {
+        // Shared with the blocking write, not copied: a retry after a failed write uses it again.
+        let ops = Arc::new(ops);
+        let mut delay = Duration::from_millis(100);
+        loop {
+            if self.stopping.as_ref().is_some_and(|s| *s.borrow()) {
+                return None;
+            }
+            let store = self.store.clone();
+            let batch = ops.clone();
+            match tokio::task::spawn_blocking(move || store.apply_at(&batch, now)).await {
+                Ok(Ok(applied)) => {
+                    self.store_healthy.store(true, Ordering::Relaxed);
+                    return Some(applied);
+                }
+                Ok(Err(e)) => {
+                    self.store_healthy.store(false, Ordering::Relaxed);
+                    error!(error = %e, "cannot write to RocksDB; consumption paused, retrying");
+                }
+                Err(e) => error!(error = %e, "store write task failed; retrying"),
+            }
+            tokio::time::sleep(delay).await;
+            delay = (delay * 2).min(Duration::from_secs(10));
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use crate::config::{Cli, Command, Config};
+
+    fn config(extra: &[&str]) -> Config {
+        let mut argv = vec!["kafka-delay", "run", "--brokers", "127.0.0.1:9092"];
+        argv.extend_from_slice(extra);
+        match Cli::try_parse_from(argv).expect("flags parse").command {
+            Command::Run(run) => run.validate().expect("valid"),
+            _ => unreachable!("a run command"),
+        }
+    }
+
+    #[test]
+    fn the_consumer_fetches_again_soon_after_its_queue_drains_unless_told_otherwise() {
+        let c = super::consumer_config(&config(&[]));
+        assert_eq!(c.get("fetch.queue.backoff.ms"), Some("10"));
+        assert_eq!(c.get("enable.auto.offset.store"), Some("false"));
+        let c = super::consumer_config(&config(&["--kafka-config", "fetch.queue.backoff.ms=500"]));
+        assert_eq!(c.get("fetch.queue.backoff.ms"), Some("500"));
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_commit_at_shutdown_gives_up_after_its_wait_instead_of_hanging() {
+        // A consumer whose group coordinator never answers: nothing listens on the port.
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let consumer: rdkafka::consumer::BaseConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", format!("127.0.0.1:{port}"))
+            .set("group.id", "never-answered")
+            .create()
+            .unwrap();
+        let mut tpl = rdkafka::TopicPartitionList::new();
+        tpl.add_partition_offset("delay.t", 0, rdkafka::Offset::Offset(7))
+            .unwrap();
+        let started = std::time::Instant::now();
+        let answer = super::commit_within(
+            std::sync::Arc::new(consumer),
+            tpl,
+            std::time::Duration::from_secs(2),
+        )
+        .await;
+        // librdkafka's synchronous commit alone would still be waiting; the wait ends it.
+        assert!(
+            answer.is_none(),
+            "an answer without a coordinator: {answer:?}"
+        );
+        assert!(started.elapsed() < std::time::Duration::from_secs(30));
+    }
+}

@@ -1,0 +1,202 @@
+//! The `kafka-delay` binary: parse flags, set up logging, run until SIGTERM/SIGINT.
+
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Parser;
+use kafka_delay::clock::SystemClock;
+use kafka_delay::config::{Cli, Command, Config};
+use kafka_delay::kafka::Embedded;
+use prometheus::Registry;
+use tokio::signal::unix::{signal, SignalKind};
+
+/// Every allocation of the process, librdkafka's and RocksDB's included, goes to jemalloc: they
+/// allocate on one thread and free on another (a produced record is freed by librdkafka's
+/// broker thread, a write batch by RocksDB's), which glibc's per-arena locks serve slowly.
+#[cfg(feature = "jemalloc")]
+#[global_allocator]
+static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match cli.command {
+        Command::Run(args) => {
+            let config = match args.validate() {
+                Ok(c) => c,
+                Err(e) => {
+                    eprintln!("kafka-delay: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            init_logging(config.log_json);
+            exit(runtime().and_then(|rt| rt.block_on(run(config))))
+        }
+        Command::Replay(args) => {
+            let replay = match args.validate() {
+                Ok(r) => r,
+                Err(e) => {
+                    eprintln!("kafka-delay: {e}");
+                    return ExitCode::from(2);
+                }
+            };
+            init_logging(false);
+            match runtime().and_then(|rt| rt.block_on(replay_cmd(replay))) {
+                Ok(s) if s.failed == 0 => ExitCode::SUCCESS,
+                Ok(_) => ExitCode::FAILURE,
+                Err(e) => {
+                    eprintln!("kafka-delay: {e:#}");
+                    ExitCode::FAILURE
+                }
+            }
+        }
+        Command::Verify(args) => {
+            init_logging(false);
+            let result = runtime().and_then(|rt| {
+                rt.block_on(kafka_delay::verify::run(&args))
+                    .map_err(anyhow::Error::from)
+            });
+            match result {
+                Ok(report) => {
+                    println!("{report}");
+                    if report.lost == 0 && report.early == 0 {
+                        ExitCode::SUCCESS
+                    } else {
+                        ExitCode::FAILURE
+                    }
+                }
+                Err(e) => {
+                    eprintln!("kafka-delay: {e:#}");
+                    ExitCode::from(2)
+                }
+            }
+        }
+        Command::Sandbox(args) => {
+            init_logging(false);
+            exit(runtime().and_then(|rt| rt.block_on(sandbox(args.brokers))))
+        }
+    }
+}
+
+fn exit(result: anyhow::Result<()>) -> ExitCode {
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e:#}");
+            eprintln!("kafka-delay: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Runs a replay with a progress line on stderr each second and the summary on stdout.
+async fn replay_cmd(
+    replay: kafka_delay::replay::Replay,
+) -> anyhow::Result<kafka_delay::replay::Summary> {
+    let started = std::time::Instant::now();
+    let verb = if replay.dry_run {
+        "would move"
+    } else {
+        "moved"
+    };
+    let summary = kafka_delay::replay::run(&replay, |s| {
+        eprintln!(
+            "replay {} -> {}: read {}/{}, {verb} {}, skipped {}, failed {}",
+            replay.from, replay.to, s.read, s.total, s.moved, s.skipped, s.failed
+        );
+    })
+    .await?;
+    println!(
+        "{}{verb} {}, skipped {}, failed {} (read {} of {} in '{}') in {:.1}s",
+        if replay.dry_run { "dry run: " } else { "" },
+        summary.moved,
+        summary.skipped,
+        summary.failed,
+        summary.read,
+        summary.total,
+        replay.from,
+        started.elapsed().as_secs_f64()
+    );
+    Ok(summary)
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the async runtime")
+}
+
+fn init_logging(json: bool) {
+    let filter =
+        tracing_subscriber::EnvFilter::try_from_env("KAFKA_DELAY_LOG").unwrap_or_else(|_| {
+            tracing_subscriber::EnvFilter::new("info,librdkafka=warn,rdkafka=warn")
+        });
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_writer(std::io::stderr);
+    if json {
+        builder.json().init();
+    } else {
+        builder.init();
+    }
+}
+
+/// Prints the one line tools wait for, and flushes it.
+fn announce(bootstrap: &str) -> anyhow::Result<()> {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "bootstrap.servers={bootstrap}")?;
+    out.flush()?;
+    Ok(())
+}
+
+async fn stop_signal() -> anyhow::Result<()> {
+    let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
+    tokio::select! {
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+        _ = int.recv() => tracing::info!("SIGINT received"),
+    }
+    Ok(())
+}
+
+fn start_embedded(config: &mut Config) -> anyhow::Result<Embedded> {
+    let embedded = Embedded::start(1)?;
+    embedded.create_topic(&config.dead_letter_topic, config.dead_letter_partitions)?;
+    if let Some(retry) = &config.retry_topic {
+        embedded.create_topic(retry, config.dead_letter_partitions)?;
+    }
+    config.brokers = embedded.bootstrap_servers();
+    Ok(embedded)
+}
+
+async fn run(mut config: Config) -> anyhow::Result<()> {
+    let embedded = if config.embedded_kafka {
+        Some(start_embedded(&mut config)?)
+    } else {
+        None
+    };
+    let running = kafka_delay::app::start(config, Arc::new(SystemClock), Registry::new()).await?;
+    if let Some(e) = &embedded {
+        announce(&e.bootstrap_servers())?;
+    }
+    stop_signal().await?;
+    running.shutdown().await;
+    drop(embedded);
+    Ok(())
+}
+
+async fn sandbox(brokers: i32) -> anyhow::Result<()> {
+    if brokers < 1 {
+        anyhow::bail!("--brokers must be at least 1");
+    }
+    let embedded = Embedded::start(brokers)?;
+    embedded.create_topic("delay-dead-letter", 1)?;
+    tracing::info!(bootstrap = %embedded.bootstrap_servers(), "sandbox cluster running");
+    announce(&embedded.bootstrap_servers())?;
+    stop_signal().await?;
+    drop(embedded);
+    Ok(())
+}
