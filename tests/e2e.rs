@@ -18,10 +18,10 @@ async fn records_arrive_no_earlier_than_due_and_shortly_after() {
         t,
         data: _data,
         broker,
-    } = Env::start(1, &["--short-scheduler-slice"]).await;
+    } = Env::start(1, &["--scheduler-slice", "100us"]).await;
     let reader = reader(&kafka, &t.target, 1);
 
-    // With --short-scheduler-slice the scheduler's thread runs with the shortest time slice,
+    // With --scheduler-slice 100us the scheduler's thread runs with the shortest time slice,
     // which gets it onto a core soon after its timer fires (what the kernel grants a thread
     // asking for it here, whatever the kernel). Other tests' brokers in this process ask for
     // the default 1 ms.

@@ -839,7 +839,7 @@ async fn a_full_disk_pauses_consumption_reports_it_and_a_restart_after_space_ret
     );
     {
         use rdkafka::consumer::{BaseConsumer, Consumer};
-        let group = config(&kafka, &t, &data, &[]).group_id;
+        let group = config(&kafka, &t, &data, &[]).kafka.group_id;
         let c: BaseConsumer = rdkafka::ClientConfig::new()
             .set("bootstrap.servers", kafka.brokers())
             .set("group.id", &group)

@@ -13,7 +13,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::clock::Clock;
-use crate::config::Config;
+use crate::config::{millis, Config};
 use crate::http::{self, Health};
 use crate::ingest::{self, Ingest};
 use crate::kafka::{self, KafkaSetupError};
@@ -98,11 +98,11 @@ pub async fn start(
     let health = Health::default();
     health.store_healthy.store(true, Ordering::Relaxed);
     let store = {
-        let dir = config.data_dir.clone();
+        let dir = config.store.data_dir.clone();
         let opts = StoreOptions {
-            sync: config.sync,
-            keep_within_ms: config.keep_within_ms,
-            keep_bytes: config.keep_bytes,
+            sync: config.store.sync,
+            keep_within_ms: millis(config.store.keep_within),
+            keep_bytes: config.store.keep_bytes,
         };
         Arc::new(
             tokio::task::spawn_blocking(move || Store::open(&dir, opts))
@@ -133,17 +133,17 @@ pub async fn start(
         scheduler: insert_tx.clone(),
         clock: clock.clone(),
         metrics: metrics.clone(),
-        token: config.admin_token.as_ref().map(|s| s.0.clone()),
-        loopback: config.http_addr.ip().is_loopback(),
+        token: config.http.admin_token.as_ref().map(|s| s.0.clone()),
+        loopback: config.http.addr.ip().is_loopback(),
         max_delay_ms: config.contract.max_delay_ms,
         console,
     };
     if !admin.loopback && admin.token.is_none() {
-        warn!(addr = %config.http_addr,
+        warn!(addr = %config.http.addr,
               "the admin API is off: the HTTP server listens beyond loopback and no --admin-token is set");
     }
     let (http_addr, http_task) = http::serve(
-        config.http_addr,
+        config.http.addr,
         health.clone(),
         registry.clone(),
         on_scrape,
@@ -152,17 +152,17 @@ pub async fn start(
     )
     .await
     .map_err(|source| StartError::Http {
-        addr: config.http_addr,
+        addr: config.http.addr,
         source,
     })?;
-    info!(%http_addr, data_dir = %config.data_dir.display(), brokers = %config.brokers,
-          kafka_config = ?config.kafka_config, "kafka-delay starting");
+    info!(%http_addr, data_dir = %config.store.data_dir.display(), brokers = %config.kafka.brokers,
+          kafka_config = ?config.kafka.properties, "kafka-delay starting");
 
     let producer = kafka::producer(&config)?;
     kafka::ensure_dead_letter_topic(&config, &producer).await?;
     let dead = DeadLetters::new(
         producer.clone(),
-        config.dead_letter_topic.clone(),
+        config.topics.dead_letter.clone(),
         metrics.clone(),
     );
 
@@ -174,7 +174,7 @@ pub async fn start(
         clock.clone(),
         metrics.clone(),
         store.clone(),
-        config.horizon_ms,
+        millis(config.wheel.horizon),
     );
     let mut armed = scheduler.armed();
     // The wheel's own thread and timer: under load, a timer on the shared runtime waits for a
@@ -185,7 +185,7 @@ pub async fn start(
         .build()
         .map_err(StartError::Scheduler)?;
     let stop_scheduler = stop_rest_rx.clone();
-    let slice_wanted = config.scheduler_slice;
+    let slice_wanted = config.wheel.scheduler_slice;
     let scheduler = std::thread::Builder::new()
         .name("scheduler".into())
         .spawn(move || {
@@ -209,7 +209,7 @@ pub async fn start(
     // deliveries in flight on the fire side.
     let ingest_producer = kafka::producer(&config)?;
     request_producer_ids(
-        &config.dead_letter_topic,
+        &config.topics.dead_letter,
         producer.clone(),
         publish_producer.clone(),
         ingest_producer.clone(),
@@ -224,12 +224,12 @@ pub async fn start(
         clock: clock.clone(),
         retries: insert_tx.clone(),
         policy: RetryPolicy {
-            max_attempts: config.fire_max_attempts,
-            backoff_max_ms: config.fire_backoff_max_ms,
+            max_attempts: config.fire.max_attempts,
+            backoff_max_ms: millis(config.fire.backoff_max),
         },
-        in_flight: config.in_flight,
+        in_flight: config.fire.in_flight,
         in_flight_ids: Arc::default(),
-        limits: Arc::new(config.limits.clone()),
+        limits: Arc::new(config.fire.limits.clone()),
         history: history.clone(),
     };
     let publisher = tokio::spawn(publisher.run(due_rx, stop_rest_rx, completions));
@@ -238,7 +238,7 @@ pub async fn start(
     let _ = armed.wait_for(|a| *a).await;
     info!(
         in_wheel = metrics.wheel_loaded.get(),
-        horizon_ms = config.horizon_ms,
+        horizon_ms = millis(config.wheel.horizon),
         seconds = format!("{:.3}", started.elapsed().as_secs_f64()),
         "timing wheel armed"
     );
@@ -251,9 +251,9 @@ pub async fn start(
             .await
             .expect("offsets task")?
     };
-    if let Some(topic) = &config.retry_topic {
+    if let Some(topic) = &config.topics.retry {
         if let Err(e) =
-            kafka::ensure_topic(&config, &producer, topic, config.dead_letter_partitions).await
+            kafka::ensure_topic(&config, &producer, topic, config.topics.partitions).await
         {
             warn!(%topic, error = %e, "the retry topic does not exist and could not be created");
         }
@@ -268,13 +268,13 @@ pub async fn start(
         scheduler: insert_tx,
         dead: DeadLetters::new(
             ingest_producer,
-            config.dead_letter_topic.clone(),
+            config.topics.dead_letter.clone(),
             metrics.clone(),
         ),
         next_offsets,
         store_healthy: health.store_healthy.clone(),
         dead_letter_topics: ingest::TopicCreator::new(Arc::new(config.clone()), producer.clone()),
-        max_group: ingest::max_group(config.sync),
+        max_group: ingest::max_group(config.store.sync),
         stopping: None,
     };
     let ingest = tokio::spawn(ingest.run(stop_ingest_rx));
@@ -351,16 +351,16 @@ fn console(config: &Config, history: crate::publish::history::History) -> crate:
     crate::console::Console {
         history,
         dead_letters: Source {
-            brokers: config.brokers.clone(),
-            kafka_config: config.kafka_config.clone(),
-            topic: config.dead_letter_topic.clone(),
+            brokers: config.kafka.brokers.clone(),
+            kafka_config: config.kafka.properties.clone(),
+            topic: config.topics.dead_letter.clone(),
             templates,
         },
         replays: crate::console::replays::Replays::default(),
         minutes: crate::console::minutes::Minutes::default(),
-        instance_id: config.instance_id.clone(),
-        group_id: config.group_id.clone(),
-        http_addr: config.http_addr.to_string(),
+        instance_id: config.kafka.instance_id.clone(),
+        group_id: config.kafka.group_id.clone(),
+        http_addr: config.http.addr.to_string(),
     }
 }
 

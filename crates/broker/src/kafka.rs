@@ -47,7 +47,11 @@ pub enum KafkaSetupError {
 
 /// Properties shared by every client: bootstrap servers and the user's `--kafka-config`.
 pub fn base_config(config: &Config) -> ClientConfig {
-    client_config(&config.brokers, "kafka-delay", &config.kafka_config)
+    client_config(
+        &config.kafka.brokers,
+        "kafka-delay",
+        &config.kafka.properties,
+    )
 }
 
 /// A client configuration: bootstrap servers, client id and the user's librdkafka properties
@@ -108,7 +112,7 @@ pub fn producer_config(config: &Config) -> ClientConfig {
     set_default(&mut c, config, "linger.ms", "5");
     set_default(&mut c, config, "compression.type", "lz4");
     // The user's properties win over our defaults but never over the rules above.
-    for prop in &config.kafka_config {
+    for prop in &config.kafka.properties {
         if !matches!(
             prop.key.as_str(),
             "enable.idempotence" | "allow.auto.create.topics"
@@ -120,7 +124,7 @@ pub fn producer_config(config: &Config) -> ClientConfig {
 }
 
 fn set_default(c: &mut ClientConfig, config: &Config, key: &str, value: &str) {
-    if !config.kafka_config.iter().any(|p| p.key == key) {
+    if !config.kafka.properties.iter().any(|p| p.key == key) {
         c.set(key, value);
     }
 }
@@ -151,18 +155,18 @@ pub async fn ensure_dead_letter_topic(
     config: &Config,
     producer: &FutureProducer,
 ) -> Result<(), KafkaSetupError> {
-    if topic_exists(producer, &config.dead_letter_topic, &config.brokers).await? {
+    if topic_exists(producer, &config.topics.dead_letter, &config.kafka.brokers).await? {
         return Ok(());
     }
     ensure_topic(
         config,
         producer,
-        &config.dead_letter_topic,
-        config.dead_letter_partitions,
+        &config.topics.dead_letter,
+        config.topics.partitions,
     )
     .await
     .map_err(|detail| KafkaSetupError::DeadLetterTopic {
-        topic: config.dead_letter_topic.clone(),
+        topic: config.topics.dead_letter.clone(),
         detail,
     })
 }
@@ -179,7 +183,7 @@ pub async fn ensure_topic(
     topic: &str,
     partitions: i32,
 ) -> Result<(), String> {
-    if topic_exists(producer, topic, &config.brokers)
+    if topic_exists(producer, topic, &config.kafka.brokers)
         .await
         .map_err(|e| e.to_string())?
     {
@@ -200,7 +204,7 @@ pub async fn ensure_topic(
         Err(e) => e.to_string(),
     };
     auto_create_via_metadata(config, topic).await;
-    if topic_exists(producer, topic, &config.brokers)
+    if topic_exists(producer, topic, &config.kafka.brokers)
         .await
         .map_err(|e| e.to_string())?
     {

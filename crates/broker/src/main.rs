@@ -164,16 +164,16 @@ async fn stop_signal() -> anyhow::Result<()> {
 
 fn start_embedded(config: &mut Config) -> anyhow::Result<Embedded> {
     let embedded = Embedded::start(1)?;
-    embedded.create_topic(&config.dead_letter_topic, config.dead_letter_partitions)?;
-    if let Some(retry) = &config.retry_topic {
-        embedded.create_topic(retry, config.dead_letter_partitions)?;
+    embedded.create_topic(&config.topics.dead_letter, config.topics.partitions)?;
+    if let Some(retry) = &config.topics.retry {
+        embedded.create_topic(retry, config.topics.partitions)?;
     }
-    config.brokers = embedded.bootstrap_servers();
+    config.kafka.brokers = embedded.bootstrap_servers();
     Ok(embedded)
 }
 
 async fn run(mut config: Config) -> anyhow::Result<()> {
-    let embedded = if config.embedded_kafka {
+    let embedded = if config.kafka.embedded {
         Some(start_embedded(&mut config)?)
     } else {
         None

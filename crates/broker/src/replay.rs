@@ -72,11 +72,7 @@ impl Filter {
     /// # Errors
     /// A sentence giving the accepted forms.
     pub fn parse(text: &str) -> Result<Filter, String> {
-        let bad = || {
-            format!(
-                "--filter '{text}': use reason=CODE, target=TOPIC, key=TEXT or header:NAME=VALUE"
-            )
-        };
+        let bad = || "use reason=CODE, target=TOPIC, key=TEXT or header:NAME=VALUE".to_owned();
         let (what, value) = text.split_once('=').ok_or_else(bad)?;
         Ok(match what {
             "reason" => Filter::Reason(value.to_owned()),
@@ -129,29 +125,38 @@ impl ReplayArgs {
     /// # Errors
     /// A [`ConfigError`] naming the flag and what to change.
     pub fn validate(&self) -> Result<Replay, ConfigError> {
-        let fail = |m: String| Err(ConfigError(m));
         if self.brokers.trim().is_empty() {
-            return fail("--brokers is empty: give HOST:PORT[,HOST:PORT...]".into());
+            return Err(ConfigError::Empty {
+                flag: "--brokers",
+                want: "HOST:PORT[,HOST:PORT...]",
+            });
         }
         if self.from.is_empty() || self.to.is_empty() {
-            return fail("--from and --to must name topics".into());
+            return Err(ConfigError::Empty {
+                flag: if self.from.is_empty() {
+                    "--from"
+                } else {
+                    "--to"
+                },
+                want: "a topic",
+            });
         }
         if self.from == self.to {
-            return fail(format!(
-                "--from and --to are both '{}': replay moves records to another topic",
-                self.from
+            return Err(ConfigError::invalid(
+                "--to",
+                &self.to,
+                "the same topic as --from: replay moves records to another topic",
             ));
         }
         let rate = match &self.rate {
             None => None,
-            Some(r) => Some(parse_rate(r).map_err(ConfigError)?),
+            Some(r) => Some(parse_rate(r).map_err(|e| ConfigError::invalid("--rate", r, e))?),
         };
         let filters = self
             .filter
             .iter()
-            .map(|f| Filter::parse(f))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(ConfigError)?;
+            .map(|f| Filter::parse(f).map_err(|e| ConfigError::invalid("--filter", f, e)))
+            .collect::<Result<Vec<_>, _>>()?;
         Ok(Replay {
             brokers: self.brokers.clone(),
             from: self.from.clone(),
@@ -173,13 +178,11 @@ pub fn parse_rate(text: &str) -> Result<f64, String> {
         None => (text, 1.0),
         Some((n, "s")) => (n, 1.0),
         Some((n, "m")) => (n, 60.0),
-        Some(_) => return Err(format!("--rate '{text}': use N, N/s or N/m")),
+        Some(_) => return Err("use N, N/s or N/m".to_owned()),
     };
     match n.trim().parse::<f64>() {
         Ok(v) if v.is_finite() && v > 0.0 => Ok(v / per),
-        _ => Err(format!(
-            "--rate '{text}': a positive number of records, N, N/s or N/m"
-        )),
+        _ => Err("a positive number of records, N, N/s or N/m".to_owned()),
     }
 }
 
@@ -505,13 +508,13 @@ mod tests {
         assert!(args("x.dlt", "x.dlt", None)
             .validate()
             .unwrap_err()
-            .0
-            .contains("both 'x.dlt'"));
+            .to_string()
+            .contains("the same topic as --from"));
         assert!(args("x.dlt", "x", Some("fast"))
             .validate()
             .unwrap_err()
-            .0
-            .contains("--rate"));
+            .to_string()
+            .contains("--rate 'fast'"));
         assert_eq!(
             args("x.dlt", "x", Some("10/s")).validate().unwrap().rate,
             Some(10.0)

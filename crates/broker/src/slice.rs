@@ -7,12 +7,9 @@
 //! `sched_setattr`'s `sched_runtime` (0.1-100 ms), without any privilege. A slice of its own
 //! does not give the thread a larger share of the CPU (its weight, the nice value, stays), only
 //! an earlier turn: the scheduler thread runs for about 30 us per wake and sleeps to the next
-//! due millisecond, which is the work that shape suits. On this 2-core machine at 70% of the
-//! sustained rate with 1M pending, 1 ms kept the wheel's p99 within 2 ms in most runs and
-//! 100 us in every run, where the kernel's own slice rarely did; at full throughput 1 ms cost
-//! no measurable CPU per record and 100 us about 4%. So the broker asks for 1 ms unless told
-//! otherwise (`--scheduler-slice`; `--short-scheduler-slice`
-//! for 100 us; BENCHMARKS.md, section 4).
+//! due millisecond, which is the work that shape suits. The broker asks for 1 ms unless told
+//! otherwise (`--scheduler-slice`); BENCHMARKS.md, section 4, has what each slice costs and
+//! gains.
 //!
 //! Older kernels ignore `sched_runtime` for normal threads; [`request`] then reports `None`.
 //! This is the crate's only `unsafe` code: two system calls on a `#[repr(C)]` struct that the
@@ -22,7 +19,7 @@
 use std::io;
 use std::time::Duration;
 
-/// The shortest slice the kernel grants (`--short-scheduler-slice`).
+/// The shortest slice the kernel grants (`--scheduler-slice 100us`).
 pub const SHORTEST: Duration = Duration::from_micros(100);
 
 /// The longest slice the kernel grants.

@@ -9,11 +9,13 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Header as KHeader, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
-use crate::config::{parse_kafka_prop, ConfigError, KafkaProp};
+use crate::config::parse::duration;
+use crate::config::{millis, parse_kafka_prop, KafkaProp};
 use crate::record::names;
 
 /// What arrived for one planned record.
@@ -169,6 +171,25 @@ impl std::fmt::Display for Report {
     }
 }
 
+/// Why the verifier could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum VerifyError {
+    /// `--count 0`.
+    #[error("--count must be at least 1")]
+    NoRecords,
+    /// The target topic is missing.
+    #[error("target topic '{0}' does not exist: create it, or name another with --target")]
+    NoTarget(String),
+    /// A Kafka client failed.
+    #[error("{what}: {source}")]
+    Kafka {
+        /// What was being done.
+        what: &'static str,
+        /// librdkafka's error.
+        source: KafkaError,
+    },
+}
+
 /// Flags of `kafka-delay verify`.
 #[derive(Debug, Args, Clone)]
 pub struct VerifyArgs {
@@ -185,14 +206,14 @@ pub struct VerifyArgs {
     #[arg(long, default_value_t = 10_000)]
     pub count: usize,
     /// Due times are spread evenly over this window, starting `--lead` from now.
-    #[arg(long, default_value = "30s")]
-    pub window: String,
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub window: Duration,
     /// How far ahead the first record is due.
-    #[arg(long, default_value = "5s")]
-    pub lead: String,
+    #[arg(long, default_value = "5s", value_parser = duration)]
+    pub lead: Duration,
     /// How long after the last due time to wait for stragglers.
-    #[arg(long, default_value = "30s")]
-    pub grace: String,
+    #[arg(long, default_value = "30s", value_parser = duration)]
+    pub grace: Duration,
     /// librdkafka property for both clients, KEY=VALUE (repeatable).
     #[arg(long = "kafka-config", value_parser = parse_kafka_prop)]
     pub kafka_config: Vec<KafkaProp>,
@@ -202,19 +223,12 @@ pub struct VerifyArgs {
 ///
 /// # Errors
 /// A bad flag, or a client that cannot be created or cannot produce.
-pub async fn run(args: &VerifyArgs) -> Result<Report, ConfigError> {
-    let dur = |flag: &str, v: &str| {
-        crate::record::time::parse_duration_ms(v).map_err(|e| ConfigError(format!("{flag}: {e}")))
-    };
-    let (window, lead, grace) = (
-        dur("--window", &args.window)?,
-        dur("--lead", &args.lead)?,
-        dur("--grace", &args.grace)?,
-    );
+pub async fn run(args: &VerifyArgs) -> Result<Report, VerifyError> {
+    let (window, lead, grace) = (millis(args.window), millis(args.lead), millis(args.grace));
     if args.count == 0 {
-        return Err(ConfigError("--count must be at least 1".into()));
+        return Err(VerifyError::NoRecords);
     }
-    let fail = |what: &str, e: rdkafka::error::KafkaError| ConfigError(format!("{what}: {e}"));
+    let fail = |what: &'static str, source: KafkaError| VerifyError::Kafka { what, source };
     let base = crate::kafka::client_config(&args.brokers, "kafka-delay-verify", &args.kafka_config);
     let consumer: StreamConsumer = base
         .clone()
@@ -233,10 +247,7 @@ pub async fn run(args: &VerifyArgs) -> Result<Report, ConfigError> {
         .flat_map(|t| t.partitions().iter().map(|p| p.id()))
         .collect();
     if partitions.is_empty() {
-        return Err(ConfigError(format!(
-            "target topic '{}' does not exist",
-            args.target
-        )));
+        return Err(VerifyError::NoTarget(args.target.clone()));
     }
     let mut tpl = TopicPartitionList::new();
     for p in partitions {

@@ -81,7 +81,7 @@ pub struct E2eArgs {
     #[arg(long)]
     pub rate: Option<f64>,
     /// A `kafka-delay run` flag for every broker the benchmark starts (repeatable), e.g.
-    /// `--broker-flag=--short-scheduler-slice`.
+    /// `--broker-flag=--scheduler-slice=100us`.
     #[arg(long = "broker-flag", allow_hyphen_values = true)]
     pub broker_flags: Vec<String>,
     /// With `--rate`: instead of the broker, a plain producer with the broker's producer

@@ -202,7 +202,7 @@ impl Kafka {
             producer,
             consumer,
         } = self.copying(&format!("pt.{tag}"), n, size).await?;
-        let window = config.in_flight;
+        let window = config.fire.in_flight;
         let mut acks = std::collections::VecDeque::new();
         let mut started = None;
         for _ in 0..n {
@@ -261,7 +261,7 @@ impl Kafka {
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
         let db = Arc::new(rocksdb::DB::open(&opts, dir.path().join("floor"))?);
         let group_size = kafka_delay::ingest::max_group(false);
-        let window = config.in_flight;
+        let window = config.fire.in_flight;
         let mut acks = std::collections::VecDeque::new();
         let mut acked = rocksdb::WriteBatch::default();
         let mut started = None;

@@ -244,7 +244,10 @@ impl DeadFilter {
         }
         texts
             .into_iter()
-            .map(|t| Filter::parse(&t).map(|f| (f, t)).map_err(bad))
+            .map(|t| match Filter::parse(&t) {
+                Ok(f) => Ok((f, t)),
+                Err(e) => Err(bad(format!("filter '{t}': {e}"))),
+            })
             .collect()
     }
 }
@@ -290,7 +293,9 @@ async fn replay(
         if !a.console.dead_letters.is_dead_letter_topic(&topic) {
             return Err(bad(format!("'{topic}' is not a dead-letter topic")));
         }
-        let rate = crate::replay::parse_rate(r.rate.as_deref().unwrap_or("10/s")).map_err(bad)?;
+        let rate_text = r.rate.as_deref().unwrap_or("10/s");
+        let rate = crate::replay::parse_rate(rate_text)
+            .map_err(|e| bad(format!("rate '{rate_text}': {e}")))?;
         let (filters, texts): (Vec<Filter>, Vec<String>) = r.filter.filters()?.into_iter().unzip();
         let source = &a.console.dead_letters;
         let job = a.console.replays.start(

@@ -83,14 +83,14 @@ pub fn max_group(sync: bool) -> usize {
 /// passthrough consumer, so that both read Kafka the same way).
 pub fn consumer_config(config: &Config) -> rdkafka::ClientConfig {
     let mut c = base_config(config);
-    c.set("group.id", &config.group_id)
+    c.set("group.id", &config.kafka.group_id)
         .set("enable.auto.offset.store", "false")
         .set("allow.auto.create.topics", "false")
         .set(
             "topic.metadata.refresh.interval.ms",
-            config.topic_refresh_ms.to_string(),
+            crate::config::millis(config.kafka.topic_refresh).to_string(),
         );
-    if let Some(id) = &config.instance_id {
+    if let Some(id) = &config.kafka.instance_id {
         c.set("group.instance.id", id);
     }
     let defaults = [
@@ -112,7 +112,7 @@ pub fn consumer_config(config: &Config) -> rdkafka::ClientConfig {
         ("statistics.interval.ms", "5000"),
     ];
     for (k, v) in defaults {
-        if !config.kafka_config.iter().any(|p| p.key == k) {
+        if !config.kafka.properties.iter().any(|p| p.key == k) {
             c.set(k, v);
         }
     }
@@ -207,7 +207,7 @@ impl std::fmt::Debug for TopicCreator {
 }
 
 impl TopicCreator {
-    /// Topics are created with `config.dead_letter_partitions` partitions.
+    /// Topics are created with `config.topics.partitions` partitions.
     pub fn new(config: Arc<Config>, producer: FutureProducer) -> Self {
         Self {
             config,
@@ -222,7 +222,7 @@ impl TopicCreator {
         if self.known.contains(topic) {
             return;
         }
-        let partitions = self.config.dead_letter_partitions;
+        let partitions = self.config.topics.partitions;
         match ensure_topic(&self.config, &self.producer, topic, partitions).await {
             Ok(()) => {
                 info!(%topic, "retry dead-letter topic ready");

@@ -1,0 +1,236 @@
+//! The flags of `kafka-delay run`, grouped by concern. Every flag has a `KAFKA_DELAY_*`
+//! variable; durations and rates are parsed into their types here, by clap.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, ValueEnum};
+
+use super::parse::{duration, kafka_prop, SchedulerSlice};
+use super::KafkaProp;
+use crate::limit::{Limits, Rate, Rule};
+use crate::retry;
+
+/// Flags of `kafka-delay run`.
+#[derive(Debug, Args, Clone)]
+pub struct RunArgs {
+    /// Where Kafka is and how to join it.
+    #[command(flatten)]
+    pub kafka: KafkaArgs,
+    /// Which records are accepted, and where rejected ones go.
+    #[command(flatten)]
+    pub records: RecordArgs,
+    /// The RocksDB store.
+    #[command(flatten)]
+    pub store: StoreArgs,
+    /// The in-memory timing wheel.
+    #[command(flatten)]
+    pub wheel: WheelArgs,
+    /// Delivery to the target topics.
+    #[command(flatten)]
+    pub fire: FireArgs,
+    /// Consumers' retries.
+    #[command(flatten)]
+    pub retry: RetryArgs,
+    /// The HTTP server and the logs.
+    #[command(flatten)]
+    pub http: HttpArgs,
+}
+
+/// Where Kafka is and how to join it.
+#[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "Kafka")]
+pub struct KafkaArgs {
+    /// Kafka bootstrap servers, HOST:PORT[,HOST:PORT...].
+    #[arg(long, env = "KAFKA_DELAY_BROKERS")]
+    pub brokers: Option<String>,
+    /// Start an in-process Kafka-protocol cluster and run against it (prints bootstrap.servers=).
+    #[arg(long, env = "KAFKA_DELAY_EMBEDDED_KAFKA")]
+    pub embedded_kafka: bool,
+    /// Consumer group of the broker.
+    #[arg(long, env = "KAFKA_DELAY_GROUP_ID", default_value = "kafka-delay")]
+    pub group_id: String,
+    /// Static group membership id; stable across restarts of this instance. Default: from the
+    /// host name.
+    #[arg(long, env = "KAFKA_DELAY_INSTANCE_ID")]
+    pub instance_id: Option<String>,
+    /// Join the group as a dynamic member (no group.instance.id), for Kafka-compatible brokers
+    /// that mishandle static membership.
+    #[arg(
+        long,
+        env = "KAFKA_DELAY_NO_STATIC_MEMBERSHIP",
+        conflicts_with = "instance_id"
+    )]
+    pub no_static_membership: bool,
+    /// Regex of the source topics (regex subscription: new topics are picked up while running).
+    #[arg(
+        long,
+        env = "KAFKA_DELAY_SOURCE_PATTERN",
+        default_value = r"^delay\..+"
+    )]
+    pub source_pattern: String,
+    /// How often to look for new source topics (at least 100ms).
+    #[arg(long, env = "KAFKA_DELAY_TOPIC_REFRESH", default_value = "5s", value_parser = duration)]
+    pub topic_refresh: Duration,
+    /// Partitions of the topics the broker creates when they are missing: the dead-letter
+    /// topic, the retry topic and the targets' retry dead-letter topics.
+    #[arg(long, env = "KAFKA_DELAY_DEAD_LETTER_PARTITIONS", default_value_t = 1)]
+    pub dead_letter_partitions: i32,
+    /// librdkafka property for all clients, KEY=VALUE (repeatable): SASL, TLS, tuning.
+    #[arg(long = "kafka-config", env = "KAFKA_DELAY_KAFKA_CONFIG", value_delimiter = ';',
+          value_parser = kafka_prop)]
+    pub kafka_config: Vec<KafkaProp>,
+}
+
+/// Which records are accepted, and where rejected ones go.
+#[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "Records")]
+pub struct RecordArgs {
+    /// Topic that receives records that cannot be scheduled or delivered.
+    #[arg(
+        long,
+        env = "KAFKA_DELAY_DEAD_LETTER_TOPIC",
+        default_value = "delay-dead-letter"
+    )]
+    pub dead_letter_topic: String,
+    /// When set, target topics must match this regex.
+    #[arg(long, env = "KAFKA_DELAY_TARGET_ALLOW")]
+    pub target_allow: Option<String>,
+    /// Allow internal topics (`__*`) as targets.
+    #[arg(long, env = "KAFKA_DELAY_ALLOW_INTERNAL_TARGETS")]
+    pub allow_internal_targets: bool,
+    /// Longest accepted delay (30s, 5m, 2h, 365d...).
+    #[arg(long, env = "KAFKA_DELAY_MAX_DELAY", default_value = "365d", value_parser = duration)]
+    pub max_delay: Duration,
+    /// Largest record (key + value + headers) accepted, in bytes. Default: librdkafka's
+    /// message.max.bytes (1,000,000) less room for the provenance headers.
+    #[arg(long, env = "KAFKA_DELAY_MAX_RECORD_BYTES", default_value_t = 999_000)]
+    pub max_record_bytes: usize,
+}
+
+/// The RocksDB store.
+#[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "Store")]
+pub struct StoreArgs {
+    /// Directory of the RocksDB store.
+    #[arg(long, env = "KAFKA_DELAY_DATA_DIR", default_value = "kafka-delay-data")]
+    pub data_dir: PathBuf,
+    /// fsync RocksDB's write-ahead log on every ingest batch (group commit).
+    #[arg(long, env = "KAFKA_DELAY_SYNC")]
+    pub sync: bool,
+    /// Records due within this long of their arrival are also kept in memory until they fire
+    /// (still written to RocksDB first), so firing them reads nothing; at most --horizon.
+    #[arg(long, env = "KAFKA_DELAY_KEEP_IN_MEMORY_WITHIN", default_value = "5s",
+          value_parser = duration)]
+    pub keep_in_memory_within: Duration,
+    /// Memory for those records, MiB (their bytes plus about 100 bytes each); a record that
+    /// does not fit is read from RocksDB when it fires. 0 keeps none.
+    #[arg(long, env = "KAFKA_DELAY_KEEP_IN_MEMORY_MB", default_value_t = 64)]
+    pub keep_in_memory_mb: usize,
+}
+
+/// The in-memory timing wheel.
+#[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "Wheel")]
+pub struct WheelArgs {
+    /// How far ahead the in-memory timing wheel holds pending records; records due later stay
+    /// only in RocksDB and are loaded as time advances. Memory follows the arrival rate times
+    /// this, not the number pending. At least 1s.
+    #[arg(long, env = "KAFKA_DELAY_HORIZON", default_value = "1h", value_parser = duration)]
+    pub horizon: Duration,
+    /// The CPU time slice the scheduler's thread asks Linux for (6.12+, no privilege needed):
+    /// 100us to 100ms, or 0 for the kernel's own. A thread with a slice of its own gets a core
+    /// sooner after its timer fires on a busy machine; a shorter slice costs more CPU.
+    #[arg(long, env = "KAFKA_DELAY_SCHEDULER_SLICE", default_value = "1ms",
+          value_parser = SchedulerSlice::parse)]
+    pub scheduler_slice: SchedulerSlice,
+}
+
+/// Delivery to the target topics.
+#[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "Fire")]
+pub struct FireArgs {
+    /// Attempts for a delivery that fails permanently (unknown target, denied, too large) before
+    /// the record goes to the dead-letter topic. Transient failures are retried without limit.
+    #[arg(long, env = "KAFKA_DELAY_FIRE_MAX_ATTEMPTS", default_value_t = 5)]
+    pub fire_max_attempts: u32,
+    /// Longest wait between delivery retries (the backoff doubles from 100ms up to this).
+    #[arg(long, env = "KAFKA_DELAY_FIRE_BACKOFF_MAX", default_value = "30s",
+          value_parser = duration)]
+    pub fire_backoff_max: Duration,
+    /// Most deliveries in flight at once.
+    #[arg(long, env = "KAFKA_DELAY_IN_FLIGHT", default_value_t = 10_000)]
+    pub in_flight: usize,
+    /// Fire limit of the targets matching a regex, REGEX=RATE[,burst=N][,spread=DURATION]
+    /// (repeatable; the first match wins; each target gets a pace of its own). RATE is like
+    /// 500/s, 30000/min or 1000/h; burst (default 1) records may go at once after a quiet
+    /// spell; spread sends records due at the same time at a time of their own within that
+    /// window after their due time, never before it. A held record waits for its turn without
+    /// holding up other targets. Applies per instance.
+    #[arg(
+        long = "fire-rate",
+        env = "KAFKA_DELAY_FIRE_RATE",
+        value_delimiter = ';',
+        value_parser = Limits::parse_rule
+    )]
+    pub fire_rate: Vec<Rule>,
+    /// Fire limit over all targets together, RATE[,burst=N], on top of --fire-rate.
+    #[arg(long, env = "KAFKA_DELAY_FIRE_RATE_GLOBAL", value_parser = Limits::parse_global)]
+    pub fire_rate_global: Option<Rate>,
+}
+
+/// Consumers' retries.
+#[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "Retry")]
+pub struct RetryArgs {
+    /// Regex of the retry topics: a record there is a consumer's retry (attempts counted,
+    /// backoff applied). They must also match --source-pattern; created at start when missing.
+    #[arg(
+        long,
+        env = "KAFKA_DELAY_RETRY_TOPICS",
+        default_value = r"^delay\.retry$"
+    )]
+    pub retry_topics: String,
+    /// Retry topic created at start when it does not exist; must match --source-pattern and
+    /// --retry-topics. Default: delay.retry when it matches both; "" creates none.
+    #[arg(long, env = "KAFKA_DELAY_RETRY_TOPIC")]
+    pub retry_topic: Option<String>,
+    /// Default retry policy, KEY=VALUE,...: backoff (fixed|exponential), delay, factor,
+    /// max-delay, jitter, max-attempts, dead-letter ({target} is replaced by the target).
+    #[arg(long, env = "KAFKA_DELAY_RETRY_DEFAULT", default_value = retry::DEFAULT_SPEC)]
+    pub retry_default: String,
+    /// Retry policy of the targets matching a regex, REGEX=KEY=VALUE,... (repeatable; the
+    /// first match wins; keys not given come from --retry-default).
+    #[arg(
+        long = "retry-policy",
+        env = "KAFKA_DELAY_RETRY_POLICY",
+        value_delimiter = ';'
+    )]
+    pub retry_policy: Vec<String>,
+}
+
+/// The HTTP server and the logs.
+#[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "HTTP and logs")]
+pub struct HttpArgs {
+    /// Address of the HTTP server (/healthz, /readyz, /metrics, the admin API, the console).
+    #[arg(long, env = "KAFKA_DELAY_HTTP_ADDR", default_value = "127.0.0.1:9464")]
+    pub http_addr: SocketAddr,
+    /// Bearer token for the admin API (/api/...), at least 16 characters. Without it the API
+    /// answers only when --http-addr is a loopback address.
+    #[arg(long, env = "KAFKA_DELAY_ADMIN_TOKEN")]
+    pub admin_token: Option<String>,
+    /// Log format.
+    #[arg(long, env = "KAFKA_DELAY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
+    pub log_format: LogFormat,
+}
+
+/// How log lines are written (to stderr).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum LogFormat {
+    /// One human-readable line per event.
+    Plain,
+    /// One JSON object per line.
+    Json,
+}

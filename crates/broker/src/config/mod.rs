@@ -1,0 +1,211 @@
+//! Command line and environment: every flag has a `KAFKA_DELAY_*` variable.
+//!
+//! [`RunArgs`] is what clap parses (`args.rs`, flags grouped by concern, durations and rates
+//! already typed by the value parsers of `parse.rs`); [`RunArgs::validate`] (`validate.rs`)
+//! checks the rules between flags and turns them into a [`Config`] grouped the same way, so a
+//! bad flag fails at start with a [`ConfigError`] saying what to fix.
+
+mod args;
+mod error;
+pub mod parse;
+mod validate;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+pub use args::{
+    FireArgs, HttpArgs, KafkaArgs, LogFormat, RecordArgs, RetryArgs, RunArgs, StoreArgs, WheelArgs,
+};
+pub use error::ConfigError;
+pub use parse::{kafka_prop as parse_kafka_prop, millis};
+
+use crate::limit::Limits;
+use crate::record::Contract;
+
+/// kafka-delay: delayed delivery and retries for Apache Kafka.
+#[derive(Debug, Parser)]
+#[command(name = "kafka-delay", version, about)]
+pub struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run the delay broker.
+    Run(Box<RunArgs>),
+    /// Run only an embedded Kafka-protocol cluster (librdkafka's mock cluster) until stopped.
+    Sandbox(SandboxArgs),
+    /// Move dead-lettered records back to a topic, rate-limited, resetting their retry count.
+    Replay(crate::replay::ReplayArgs),
+    /// Produce a known set of delayed records and report lost, duplicated, early and late ones.
+    Verify(crate::verify::VerifyArgs),
+}
+
+/// Flags of `kafka-delay sandbox`.
+#[derive(Debug, Args)]
+pub struct SandboxArgs {
+    /// Number of brokers in the embedded cluster.
+    #[arg(long, env = "KAFKA_DELAY_SANDBOX_BROKERS", default_value_t = 1)]
+    pub brokers: i32,
+}
+
+/// Validated configuration of the broker, grouped as the flags are.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where Kafka is and how to join it.
+    pub kafka: KafkaConfig,
+    /// The header contract: what is accepted, retry policies.
+    pub contract: Contract,
+    /// The topics the broker writes to besides the targets.
+    pub topics: TopicsConfig,
+    /// The RocksDB store.
+    pub store: StoreConfig,
+    /// The in-memory timing wheel and its thread.
+    pub wheel: WheelConfig,
+    /// Delivery to the targets.
+    pub fire: FireConfig,
+    /// The HTTP server.
+    pub http: HttpConfig,
+    /// JSON logs.
+    pub log_json: bool,
+}
+
+/// Where Kafka is and how to join it.
+#[derive(Debug, Clone)]
+pub struct KafkaConfig {
+    /// Bootstrap servers (filled in from the embedded cluster when that is used).
+    pub brokers: String,
+    /// Whether to start an embedded cluster.
+    pub embedded: bool,
+    /// Consumer group.
+    pub group_id: String,
+    /// Static membership id; `None` joins as a dynamic member.
+    pub instance_id: Option<String>,
+    /// Extra librdkafka properties (their `Debug` redacts secrets).
+    pub properties: Vec<KafkaProp>,
+    /// New-topic discovery interval.
+    pub topic_refresh: Duration,
+}
+
+/// The topics the broker writes to besides the targets, created at start when missing.
+#[derive(Debug, Clone)]
+pub struct TopicsConfig {
+    /// The dead-letter topic.
+    pub dead_letter: String,
+    /// The retry topic to create, if any.
+    pub retry: Option<String>,
+    /// Partitions of the topics the broker creates.
+    pub partitions: i32,
+}
+
+/// The RocksDB store.
+#[derive(Debug, Clone)]
+pub struct StoreConfig {
+    /// Its directory.
+    pub data_dir: PathBuf,
+    /// fsync the write-ahead log per ingest batch.
+    pub sync: bool,
+    /// Records due within this long of arrival are kept in memory as well.
+    pub keep_within: Duration,
+    /// At most this many bytes of them.
+    pub keep_bytes: usize,
+}
+
+/// The in-memory timing wheel and its thread.
+#[derive(Debug, Clone)]
+pub struct WheelConfig {
+    /// How far ahead the wheel holds pending records.
+    pub horizon: Duration,
+    /// The time slice the scheduler's thread asks for; `None` keeps the kernel's own.
+    pub scheduler_slice: Option<Duration>,
+}
+
+/// Delivery to the targets.
+#[derive(Debug, Clone)]
+pub struct FireConfig {
+    /// Attempts before a permanently failing delivery is dead-lettered.
+    pub max_attempts: u32,
+    /// Longest wait between delivery retries.
+    pub backoff_max: Duration,
+    /// Deliveries in flight at most.
+    pub in_flight: usize,
+    /// Fire rate limits and spreading.
+    pub limits: Limits,
+}
+
+/// The HTTP server.
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// Listen address.
+    pub addr: SocketAddr,
+    /// Admin API bearer token (its `Debug` is redacted).
+    pub admin_token: Option<Secret>,
+}
+
+/// A secret string whose `Debug` never shows it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct Secret(pub String);
+
+impl std::fmt::Debug for Secret {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("[redacted]")
+    }
+}
+
+/// The retry topic created at start when --retry-topic is not given (and the patterns match it).
+pub const DEFAULT_RETRY_TOPIC: &str = "delay.retry";
+
+fn default_instance_id() -> String {
+    let host = std::fs::read_to_string("/etc/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("kafka-delay-{host}")
+}
+
+/// Whether a librdkafka property holds a secret that must never be printed.
+pub fn is_secret(key: &str) -> bool {
+    let k = key.to_ascii_lowercase();
+    [
+        "password",
+        "secret",
+        "key.pem",
+        "ssl.key",
+        "token",
+        "jaas",
+        "credential",
+    ]
+    .iter()
+    .any(|s| k.contains(s))
+        || k == "sasl.oauthbearer.config"
+}
+
+/// One librdkafka property given with `--kafka-config KEY=VALUE`. Its `Debug` never shows a
+/// secret value.
+#[derive(Clone, PartialEq, Eq)]
+pub struct KafkaProp {
+    /// Property name.
+    pub key: String,
+    /// Property value.
+    pub value: String,
+}
+
+impl std::fmt::Debug for KafkaProp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if is_secret(&self.key) {
+            write!(f, "{}=[redacted]", self.key)
+        } else {
+            write!(f, "{}={}", self.key, self.value)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,252 @@
+use std::time::Duration;
+
+use clap::Parser;
+
+use super::*;
+use crate::retry;
+
+fn parse(args: &[&str]) -> Result<Config, String> {
+    let mut full = vec!["kafka-delay", "run"];
+    full.extend_from_slice(args);
+    let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
+    match cli.command {
+        Command::Run(a) => a.validate().map_err(|e| e.to_string()),
+        Command::Sandbox(_) | Command::Replay(_) | Command::Verify(_) => {
+            unreachable!("run was parsed")
+        }
+    }
+}
+
+#[test]
+fn retry_policies_layer_on_the_default() {
+    let c = parse(&[
+        "--brokers",
+        "a:1",
+        "--retry-default",
+        "max-attempts=3,delay=2s",
+        "--retry-policy",
+        r"^orders\.=backoff=fixed,delay=10s",
+        "--retry-policy",
+        "^payments=dead-letter=dlt.{target}",
+    ])
+    .unwrap();
+    let r = &c.contract.retry;
+    assert_eq!(r.policy_for("billing").max_attempts, 3);
+    assert_eq!(r.policy_for("billing").delay_ms, 2_000);
+    let orders = r.policy_for("orders.eu");
+    assert_eq!(orders.backoff, retry::Backoff::Fixed);
+    assert_eq!((orders.delay_ms, orders.max_attempts), (10_000, 3));
+    assert_eq!(
+        r.policy_for("payments").dead_letter_topic("payments"),
+        "dlt.payments"
+    );
+    assert_eq!(
+        r.policy_for("billing").dead_letter_topic("billing"),
+        "billing.dlt"
+    );
+    assert_eq!(c.topics.retry.as_deref(), Some("delay.retry"));
+    assert!(r.topics.is_match("delay.retry"));
+}
+
+#[test]
+fn defaults_are_sane() {
+    let c = parse(&["--brokers", "127.0.0.1:9092"]).unwrap();
+    assert_eq!(c.topics.dead_letter, "delay-dead-letter");
+    assert_eq!(c.contract.max_delay_ms, 365 * 86_400_000);
+    assert!(c.contract.source_pattern.is_match("delay.30s"));
+    assert!(!c.contract.source_pattern.is_match(&c.topics.dead_letter));
+    assert!(c.kafka.instance_id.unwrap().starts_with("kafka-delay-"));
+    let c = parse(&["--brokers", "a:1", "--no-static-membership"]).unwrap();
+    assert_eq!(c.kafka.instance_id, None);
+    assert!(!c.store.sync);
+    // A slice of its own for the scheduler's thread: closer to due, no more CPU per record.
+    assert_eq!(c.wheel.scheduler_slice, Some(Duration::from_millis(1)));
+    // Records due within 5 s of arrival fire from memory, up to 64 MiB of them.
+    assert_eq!(
+        (c.store.keep_within, c.store.keep_bytes),
+        (Duration::from_secs(5), 64 << 20)
+    );
+    let c = parse(&["--brokers", "a:1", "--keep-in-memory-mb", "0"]).unwrap();
+    assert_eq!(c.store.keep_bytes, 0);
+    // A custom source pattern the default retry topic does not match: no retry topic.
+    let c = parse(&["--brokers", "a:1", "--source-pattern", r"^later\..+"]).unwrap();
+    assert_eq!(c.topics.retry, None);
+    let c = parse(&["--brokers", "a:1", "--retry-topic", ""]).unwrap();
+    assert_eq!(c.topics.retry, None);
+}
+
+#[test]
+fn bad_flags_say_what_to_fix() {
+    let cases: [(&[&str], &str); 22] = [
+        (
+            &["--brokers", "a:1", "--retry-default", "backoff=linear"],
+            "--retry-default 'backoff=linear': backoff 'linear': use fixed or exponential",
+        ),
+        (
+            &["--brokers", "a:1", "--retry-default", "jitter=1.5"],
+            "jitter '1.5'",
+        ),
+        (
+            &["--brokers", "a:1", "--retry-policy", "^orders"],
+            "REGEX=KEY=VALUE",
+        ),
+        (
+            &["--brokers", "a:1", "--retry-policy", "^orders=tries=3"],
+            "unknown key 'tries'",
+        ),
+        (
+            &[
+                "--brokers",
+                "a:1",
+                "--retry-default",
+                "dead-letter=delay.{target}",
+            ],
+            "does not give a usable topic",
+        ),
+        (
+            &["--brokers", "a:1", "--retry-topic", "retries"],
+            "--retry-topic 'retries' must match",
+        ),
+        (&[], "--brokers"),
+        (
+            &["--brokers", "a:1", "--embedded-kafka"],
+            "exclude each other",
+        ),
+        (
+            &["--brokers", "a:1", "--source-pattern", "(["],
+            "--source-pattern",
+        ),
+        (
+            &["--brokers", "a:1", "--max-delay", "10 days"],
+            "--max-delay",
+        ),
+        (
+            &["--brokers", "a:1", "--dead-letter-topic", "delay.dead"],
+            "would loop",
+        ),
+        (
+            &["--brokers", "a:1", "--dead-letter-topic", "__dlt"],
+            "internal",
+        ),
+        (
+            &["--brokers", "a:1", "--kafka-config", "nokey"],
+            "KEY=VALUE",
+        ),
+        (
+            &["--brokers", "a:1", "--kafka-config", "group.id=x"],
+            "--group-id",
+        ),
+        (
+            &["--brokers", "a:1", "--log-format", "xml"],
+            "[possible values: plain, json]",
+        ),
+        (
+            &["--brokers", "a:1", "--target-allow", "("],
+            "--target-allow",
+        ),
+        (
+            &["--brokers", "a:1", "--fire-max-attempts", "0"],
+            "at least 1",
+        ),
+        (
+            &[
+                "--brokers",
+                "a:1",
+                "--horizon",
+                "10s",
+                "--keep-in-memory-within",
+                "1m",
+            ],
+            "--keep-in-memory-within 1m is longer than --horizon 10s",
+        ),
+        (
+            &["--brokers", "a:1", "--keep-in-memory-within", "soon"],
+            "--keep-in-memory-within",
+        ),
+        (
+            &["--brokers", "a:1", "--scheduler-slice", "50us"],
+            "Linux grants 100us to 100ms, or give 0 to keep the kernel's own (got 50us)",
+        ),
+        (
+            &["--brokers", "a:1", "--scheduler-slice", "1s"],
+            "Linux grants 100us to 100ms, or give 0 to keep the kernel's own (got 1s)",
+        ),
+        (
+            &["--brokers", "a:1", "--scheduler-slice", "short"],
+            "give it like 1ms or 500us",
+        ),
+    ];
+    for (args, want) in cases {
+        let err = parse(args).unwrap_err();
+        assert!(err.contains(want), "{args:?}: {err}");
+    }
+    let err = parse(&["--brokers", "a:1", "--http-addr", "nowhere"]).unwrap_err();
+    assert!(err.contains("--http-addr"), "{err}");
+}
+
+#[test]
+fn fire_limits_come_from_repeated_flags() {
+    let c = parse(&[
+        "--brokers",
+        "a:1",
+        "--fire-rate",
+        "^orders$=500/s,burst=50",
+        "--fire-rate",
+        "^reminders=spread=1m",
+        "--fire-rate-global",
+        "2000/s",
+    ])
+    .unwrap();
+    assert_eq!(c.fire.limits.rules.len(), 2);
+    assert_eq!(c.fire.limits.rules[0].rate.unwrap().burst, 50);
+    assert_eq!(c.fire.limits.rules[1].spread_ms, 60_000);
+    assert_eq!(c.fire.limits.global.unwrap().per_second, 2_000.0);
+    assert!(parse(&["--brokers", "a:1"]).unwrap().fire.limits.is_empty());
+    for (args, says) in [
+        (
+            ["--fire-rate", "^orders$"],
+            "invalid value '^orders$' for '--fire-rate",
+        ),
+        (["--fire-rate", "^orders$=500/s,burst=-1"], "burst '-1'"),
+        (["--fire-rate-global", "lots"], "rate 'lots'"),
+    ] {
+        let err = parse(&[&["--brokers", "a:1"][..], &args[..]].concat()).unwrap_err();
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn the_scheduler_slice_is_given_in_microseconds_or_milliseconds_or_left_to_the_kernel() {
+    let slice = |args: &[&str]| {
+        let mut full = vec!["--brokers", "a:1"];
+        full.extend_from_slice(args);
+        parse(&full).unwrap().wheel.scheduler_slice
+    };
+    assert_eq!(slice(&[]), Some(Duration::from_millis(1)));
+    assert_eq!(
+        slice(&["--scheduler-slice", "500us"]),
+        Some(Duration::from_micros(500))
+    );
+    assert_eq!(
+        slice(&["--scheduler-slice", "3ms"]),
+        Some(Duration::from_millis(3))
+    );
+    assert_eq!(slice(&["--scheduler-slice", "0"]), None);
+}
+
+#[test]
+fn kafka_config_passes_through_and_secrets_are_redacted() {
+    let c = parse(&[
+        "--brokers",
+        "a:1",
+        "--kafka-config",
+        "sasl.password=hunter2",
+        "--kafka-config",
+        "linger.ms=5",
+    ])
+    .unwrap();
+    assert_eq!(c.kafka.properties[0].value, "hunter2");
+    let shown = format!("{c:?}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(shown.contains("linger.ms"));
+}
