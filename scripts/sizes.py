@@ -1,0 +1,74 @@
+#!/usr/bin/env python3
+"""Product code over the size limits: files over 500 lines and functions over 80, tests excluded.
+
+A test module (`#[cfg(test)] mod ... {}`) and files named tests.rs are not product code. The
+function scan matches braces; it ignores braces in strings and comments well enough for this
+code base.
+Usage: python3 scripts/sizes.py [FILE_LIMIT] [FN_LIMIT]
+"""
+import re
+import sys
+from pathlib import Path
+
+FILE_LIMIT = int(sys.argv[1]) if len(sys.argv) > 1 else 500
+FN_LIMIT = int(sys.argv[2]) if len(sys.argv) > 2 else 80
+FN = re.compile(r'^\s*(pub(\([a-z]+\))?\s+)?(async\s+)?(const\s+)?(unsafe\s+)?fn\s+(\w+)')
+
+
+def strip(line):
+    line = re.sub(r'"(\\.|[^"\\])*"', '""', line)
+    line = re.sub(r"'(\\.|[^'\\])'", "''", line)
+    return line.split('//')[0]
+
+
+def product_lines(lines):
+    """The lines outside #[cfg(test)] modules, with their numbers."""
+    out, skip, depth, i = [], False, 0, 0
+    while i < len(lines):
+        line = lines[i]
+        if not skip and line.strip() == '#[cfg(test)]' and i + 1 < len(lines) and re.match(r'\s*mod \w+', lines[i + 1]):
+            if lines[i + 1].rstrip().endswith(';'):
+                i += 2
+                continue
+            skip, depth = True, 0
+            i += 1
+            continue
+        if skip:
+            depth += strip(line).count('{') - strip(line).count('}')
+            if depth <= 0 and '}' in line:
+                skip = False
+            i += 1
+            continue
+        out.append((i + 1, line))
+        i += 1
+    return out
+
+
+bad = 0
+for path in sorted(Path('crates').glob('*/src/**/*.rs')):
+    if path.name == 'tests.rs':
+        continue
+    lines = path.read_text().splitlines()
+    prod = product_lines(lines)
+    if len(prod) > FILE_LIMIT:
+        print(f'{path}: {len(prod)} lines of product code')
+        bad += 1
+    i = 0
+    while i < len(prod):
+        n, line = prod[i]
+        m = FN.match(line)
+        if m and not strip(line).rstrip().endswith(';'):
+            depth, j, opened = 0, i, False
+            while j < len(prod):
+                s = strip(prod[j][1])
+                depth += s.count('{') - s.count('}')
+                opened = opened or '{' in s
+                if opened and depth <= 0:
+                    break
+                j += 1
+            length = j - i + 1
+            if length > FN_LIMIT:
+                print(f'{path}:{n}: fn {m.group(6)} is {length} lines')
+                bad += 1
+        i += 1
+sys.exit(1 if bad else 0)
