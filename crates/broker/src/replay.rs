@@ -16,6 +16,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::error::KafkaError;
 use rdkafka::message::{Message, OwnedMessage};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
@@ -202,9 +203,50 @@ pub struct Summary {
 }
 
 /// Why a replay could not run.
+/// Why a replay stopped.
 #[derive(Debug, thiserror::Error)]
-#[error("{0}")]
-pub struct ReplayError(pub String);
+pub enum ReplayError {
+    /// A client could not be created.
+    #[error("cannot create the {client}: {source} (check --kafka-config)")]
+    Client {
+        /// Which client.
+        client: &'static str,
+        /// librdkafka's error.
+        source: KafkaError,
+    },
+    /// A topic named by a flag does not exist.
+    #[error("topic '{topic}' ({flag}) does not exist; create it first, or name another")]
+    NoTopic {
+        /// The topic.
+        topic: String,
+        /// `--from` or `--to`.
+        flag: &'static str,
+    },
+    /// Kafka failed a request.
+    #[error("{what}: {source}")]
+    Kafka {
+        /// What was being done.
+        what: String,
+        /// librdkafka's error.
+        source: KafkaError,
+    },
+    /// No record arrived for a long time while some were still expected.
+    #[error("no record from '{topic}' for {}s with {left} still to read", STALL.as_secs())]
+    Stalled {
+        /// The topic read.
+        topic: String,
+        /// Records still expected.
+        left: u64,
+    },
+    /// The replay's own runtime could not start.
+    #[error("cannot start the replay: {0}")]
+    Runtime(std::io::Error),
+}
+
+fn kafka(what: impl Into<String>) -> impl FnOnce(KafkaError) -> ReplayError {
+    let what = what.into();
+    move |source| ReplayError::Kafka { what, source }
+}
 
 /// How long without a record, while some are still expected, before giving up.
 const STALL: Duration = Duration::from_secs(30);
@@ -219,7 +261,18 @@ pub async fn run(
     opts: &Replay,
     mut progress: impl FnMut(&Summary),
 ) -> Result<Summary, ReplayError> {
-    let fail = |m: String| ReplayError(m);
+    let (consumer, producer) = clients(opts)?;
+    let mut summary = Summary::default();
+    let end = assign(&consumer, opts, &mut summary)?;
+    if !end.is_empty() {
+        copy(&consumer, &producer, opts, end, &mut summary, &mut progress).await?;
+    }
+    progress(&summary);
+    Ok(summary)
+}
+
+/// The consumer of `--from` and the producer to `--to`.
+fn clients(opts: &Replay) -> Result<(StreamConsumer, FutureProducer), ReplayError> {
     let base = client_config(&opts.brokers, "kafka-delay-replay", &opts.kafka_config);
     let consumer: StreamConsumer = base
         .clone()
@@ -228,10 +281,9 @@ pub async fn run(
         .set("enable.auto.offset.store", "false")
         .set("allow.auto.create.topics", "false")
         .create()
-        .map_err(|e| {
-            fail(format!(
-                "cannot create the consumer: {e} (check --kafka-config)"
-            ))
+        .map_err(|source| ReplayError::Client {
+            client: "consumer",
+            source,
         })?;
     let producer: FutureProducer = base
         .clone()
@@ -240,47 +292,64 @@ pub async fn run(
         .set("allow.auto.create.topics", "false")
         .set("linger.ms", "5")
         .create()
-        .map_err(|e| {
-            fail(format!(
-                "cannot create the producer: {e} (check --kafka-config)"
-            ))
+        .map_err(|source| ReplayError::Client {
+            client: "producer",
+            source,
         })?;
+    Ok((consumer, producer))
+}
 
-    let partitions = partitions_of(&consumer, &opts.from)?;
+/// Assigns every partition of `--from` that has records from its start, counts them into
+/// `summary.total`, and returns the end offset of each (the replay reads up to there).
+fn assign(
+    consumer: &StreamConsumer,
+    opts: &Replay,
+    summary: &mut Summary,
+) -> Result<HashMap<i32, i64>, ReplayError> {
+    let partitions = partitions_of(consumer, &opts.from)?;
     if partitions.is_empty() {
-        return Err(fail(format!(
-            "topic '{}' (--from) does not exist",
-            opts.from
-        )));
+        return Err(ReplayError::NoTopic {
+            topic: opts.from.clone(),
+            flag: "--from",
+        });
     }
-    if partitions_of(&consumer, &opts.to)?.is_empty() {
-        return Err(fail(format!(
-            "topic '{}' (--to) does not exist; create it first",
-            opts.to
-        )));
+    if partitions_of(consumer, &opts.to)?.is_empty() {
+        return Err(ReplayError::NoTopic {
+            topic: opts.to.clone(),
+            flag: "--to",
+        });
     }
     let mut end: HashMap<i32, i64> = HashMap::new();
     let mut tpl = TopicPartitionList::new();
-    let mut summary = Summary::default();
     for p in partitions {
         let (low, high) = consumer
             .fetch_watermarks(&opts.from, p, Duration::from_secs(10))
-            .map_err(|e| fail(format!("cannot read the offsets of '{}': {e}", opts.from)))?;
+            .map_err(kafka(format!("cannot read the offsets of '{}'", opts.from)))?;
         if high > low {
             summary.total += (high - low) as u64;
             end.insert(p, high);
             tpl.add_partition_offset(&opts.from, p, Offset::Offset(low))
-                .map_err(|e| fail(e.to_string()))?;
+                .map_err(kafka("cannot assign"))?;
         }
     }
-    if end.is_empty() {
-        progress(&summary);
-        return Ok(summary);
+    if !end.is_empty() {
+        consumer
+            .assign(&tpl)
+            .map_err(kafka(format!("cannot read '{}'", opts.from)))?;
     }
-    consumer
-        .assign(&tpl)
-        .map_err(|e| fail(format!("cannot read '{}': {e}", opts.from)))?;
+    Ok(end)
+}
 
+/// Reads `--from` up to `end`, sending the records that pass the filters to `--to` at the
+/// rate asked for, with at most [`WINDOW`] unacknowledged.
+async fn copy(
+    consumer: &StreamConsumer,
+    producer: &FutureProducer,
+    opts: &Replay,
+    mut end: HashMap<i32, i64>,
+    summary: &mut Summary,
+    progress: &mut impl FnMut(&Summary),
+) -> Result<(), ReplayError> {
     let started = Instant::now();
     let mut last_report = Instant::now();
     let mut sent: u64 = 0;
@@ -288,14 +357,12 @@ pub async fn run(
     while !end.is_empty() {
         let msg = match tokio::time::timeout(STALL, consumer.recv()).await {
             Ok(Ok(m)) => m.detach(),
-            Ok(Err(e)) => return Err(fail(format!("reading '{}': {e}", opts.from))),
+            Ok(Err(e)) => return Err(kafka(format!("reading '{}'", opts.from))(e)),
             Err(_) => {
-                return Err(fail(format!(
-                    "no record from '{}' for {}s with {} still to read",
-                    opts.from,
-                    STALL.as_secs(),
-                    summary.total - summary.read
-                )))
+                return Err(ReplayError::Stalled {
+                    topic: opts.from.clone(),
+                    left: summary.total - summary.read,
+                })
             }
         };
         let (p, offset) = (msg.partition(), msg.offset());
@@ -318,32 +385,31 @@ pub async fn run(
                 let at = started + Duration::from_secs_f64(sent as f64 / rate);
                 tokio::time::sleep_until(at.into()).await;
             }
-            in_flight.push_back(send(&producer, opts, &msg, headers)?);
+            in_flight.push_back(send(producer, opts, &msg, headers)?);
             sent += 1;
             while in_flight.len() >= WINDOW {
-                settle(in_flight.pop_front(), &mut summary).await;
+                settle(in_flight.pop_front(), summary).await;
             }
             while in_flight.front().is_some_and(|_| opts.rate.is_some()) {
                 // Rate-limited replays are slow anyway: count each as it is acknowledged.
-                settle(in_flight.pop_front(), &mut summary).await;
+                settle(in_flight.pop_front(), summary).await;
             }
         }
         if last_report.elapsed() >= Duration::from_secs(1) {
-            progress(&summary);
+            progress(summary);
             last_report = Instant::now();
         }
     }
     while let Some(f) = in_flight.pop_front() {
-        settle(Some(f), &mut summary).await;
+        settle(Some(f), summary).await;
     }
-    progress(&summary);
-    Ok(summary)
+    Ok(())
 }
 
 fn partitions_of(consumer: &StreamConsumer, topic: &str) -> Result<Vec<i32>, ReplayError> {
     let md = consumer
         .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .map_err(|e| ReplayError(format!("Kafka did not answer a metadata request: {e}")))?;
+        .map_err(kafka("Kafka did not answer a metadata request"))?;
     Ok(md
         .topics()
         .iter()
@@ -393,7 +459,7 @@ fn send(
     }
     producer
         .send_result(rec)
-        .map_err(|(e, _)| ReplayError(format!("cannot queue a record for '{}': {e}", opts.to)))
+        .map_err(|(e, _)| kafka(format!("cannot queue a record for '{}'", opts.to))(e))
 }
 
 async fn settle(delivery: Option<DeliveryFuture>, summary: &mut Summary) {

@@ -8,6 +8,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::{Header as KHeader, Headers, Message, OwnedHeaders};
@@ -228,94 +229,26 @@ pub async fn run(args: &VerifyArgs) -> Result<Report, VerifyError> {
     if args.count == 0 {
         return Err(VerifyError::NoRecords);
     }
-    let fail = |what: &'static str, source: KafkaError| VerifyError::Kafka { what, source };
     let base = crate::kafka::client_config(&args.brokers, "kafka-delay-verify", &args.kafka_config);
-    let consumer: StreamConsumer = base
-        .clone()
-        .set("group.id", "kafka-delay-verify")
-        .set("enable.auto.commit", "false")
-        .set("fetch.wait.max.ms", "50")
-        .create()
-        .map_err(|e| fail("consumer", e))?;
-    let md = consumer
-        .fetch_metadata(Some(&args.target), Duration::from_secs(10))
-        .map_err(|e| fail("metadata", e))?;
-    let partitions: Vec<i32> = md
-        .topics()
-        .iter()
-        .filter(|t| t.name() == args.target && t.error().is_none())
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
-    if partitions.is_empty() {
-        return Err(VerifyError::NoTarget(args.target.clone()));
-    }
-    let mut tpl = TopicPartitionList::new();
-    for p in partitions {
-        let (_, high) = consumer
-            .fetch_watermarks(&args.target, p, Duration::from_secs(10))
-            .map_err(|e| fail("watermarks", e))?;
-        tpl.add_partition_offset(&args.target, p, Offset::Offset(high))
-            .map_err(|e| fail("assign", e))?;
-    }
-    consumer.assign(&tpl).map_err(|e| fail("assign", e))?;
+    let consumer = target_reader(&base, &args.target)?;
     let producer: FutureProducer = base
         .clone()
         .set("linger.ms", "5")
         .create()
-        .map_err(|e| fail("producer", e))?;
+        .map_err(fail("producer"))?;
     let start = now_ms() + lead;
     let n = args.count as u64;
     let dues: Vec<u64> = (0..n).map(|i| start + i * window / n.max(1)).collect();
     let run_id = format!("v{}", now_ms());
     let mut tally = Tally::new(&run_id, dues.clone());
-    let mut pending = Vec::new();
-    for (i, due) in dues.iter().enumerate() {
-        let headers = OwnedHeaders::new()
-            .insert(KHeader {
-                key: names::TARGET,
-                value: Some(args.target.as_bytes()),
-            })
-            .insert(KHeader {
-                key: names::UNTIL,
-                value: Some(due.to_string().as_bytes()),
-            });
-        let value = tally.value(i);
-        let key = format!("k{i}");
-        let rec = FutureRecord::to(&args.delay_topic)
-            .key(&key)
-            .payload(&value)
-            .headers(headers);
-        let mut rec = rec;
-        let delivery = loop {
-            match producer.send_result(rec) {
-                Ok(d) => break d,
-                Err((e, back))
-                    if e.rdkafka_error_code()
-                        == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
-                {
-                    rec = back;
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-                Err((e, _)) => return Err(fail("produce", e)),
-            }
-        };
-        pending.push(delivery);
-        if pending.len() >= 1_000 {
-            for f in pending.drain(..) {
-                delivered(f).await.map_err(|e| fail("produce", e))?;
-            }
-        }
-    }
-    for f in pending {
-        delivered(f).await.map_err(|e| fail("produce", e))?;
-    }
+    produce(&producer, args, &tally, &dues).await?;
     let deadline = Instant::now()
         + Duration::from_millis(start + window + grace - now_ms().min(start + window + grace));
     while !tally.complete() {
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, consumer.recv()).await {
             Ok(Ok(m)) => tally.observe(m.payload(), m.headers()),
-            Ok(Err(e)) => return Err(fail("consume", e)),
+            Ok(Err(e)) => return Err(fail("consume")(e)),
             Err(_) => break,
         }
     }
@@ -330,6 +263,94 @@ pub async fn run(args: &VerifyArgs) -> Result<Report, VerifyError> {
         tally.observe(m.payload(), m.headers());
     }
     Ok(tally.report())
+}
+
+fn fail(what: &'static str) -> impl FnOnce(KafkaError) -> VerifyError {
+    move |source| VerifyError::Kafka { what, source }
+}
+
+/// A consumer of every partition of `target` from its end, so that it sees only what this
+/// run makes arrive.
+fn target_reader(base: &ClientConfig, target: &str) -> Result<StreamConsumer, VerifyError> {
+    let consumer: StreamConsumer = base
+        .clone()
+        .set("group.id", "kafka-delay-verify")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "50")
+        .create()
+        .map_err(fail("consumer"))?;
+    let md = consumer
+        .fetch_metadata(Some(target), Duration::from_secs(10))
+        .map_err(fail("metadata"))?;
+    let partitions: Vec<i32> = md
+        .topics()
+        .iter()
+        .filter(|t| t.name() == target && t.error().is_none())
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    if partitions.is_empty() {
+        return Err(VerifyError::NoTarget(target.to_owned()));
+    }
+    let mut tpl = TopicPartitionList::new();
+    for p in partitions {
+        let (_, high) = consumer
+            .fetch_watermarks(target, p, Duration::from_secs(10))
+            .map_err(fail("watermarks"))?;
+        tpl.add_partition_offset(target, p, Offset::Offset(high))
+            .map_err(fail("assign"))?;
+    }
+    consumer.assign(&tpl).map_err(fail("assign"))?;
+    Ok(consumer)
+}
+
+/// Produces one delayed record per due time to the delay topic, waiting for every delivery.
+async fn produce(
+    producer: &FutureProducer,
+    args: &VerifyArgs,
+    tally: &Tally,
+    dues: &[u64],
+) -> Result<(), VerifyError> {
+    let mut pending = Vec::new();
+    for (i, due) in dues.iter().enumerate() {
+        let headers = OwnedHeaders::new()
+            .insert(KHeader {
+                key: names::TARGET,
+                value: Some(args.target.as_bytes()),
+            })
+            .insert(KHeader {
+                key: names::UNTIL,
+                value: Some(due.to_string().as_bytes()),
+            });
+        let value = tally.value(i);
+        let key = format!("k{i}");
+        let mut rec = FutureRecord::to(&args.delay_topic)
+            .key(&key)
+            .payload(&value)
+            .headers(headers);
+        let delivery = loop {
+            match producer.send_result(rec) {
+                Ok(d) => break d,
+                Err((e, back))
+                    if e.rdkafka_error_code()
+                        == Some(rdkafka::types::RDKafkaErrorCode::QueueFull) =>
+                {
+                    rec = back;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                Err((e, _)) => return Err(fail("produce")(e)),
+            }
+        };
+        pending.push(delivery);
+        if pending.len() >= 1_000 {
+            for f in pending.drain(..) {
+                delivered(f).await.map_err(fail("produce"))?;
+            }
+        }
+    }
+    for f in pending {
+        delivered(f).await.map_err(fail("produce"))?;
+    }
+    Ok(())
 }
 
 async fn delivered(f: rdkafka::producer::DeliveryFuture) -> Result<(), rdkafka::error::KafkaError> {

@@ -94,7 +94,7 @@ impl Replays {
                 let result = tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
-                    .map_err(|e| replay::ReplayError(format!("cannot start the replay: {e}")))
+                    .map_err(replay::ReplayError::Runtime)
                     .and_then(|rt| {
                         rt.block_on(replay::run(&replay, |s| {
                             progress.update(id, |j| j.count(s))
@@ -107,7 +107,7 @@ impl Replays {
                     }
                     Err(e) => {
                         j.state = "failed";
-                        j.error = Some(e.0);
+                        j.error = Some(e.to_string());
                     }
                 });
             });
