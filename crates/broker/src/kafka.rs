@@ -229,6 +229,23 @@ async fn auto_create_via_metadata(config: &Config, topic: &str) {
     .await;
 }
 
+/// The partitions of `topic` from a metadata request (none when it does not exist). Blocking.
+///
+/// # Errors
+/// librdkafka's error when the cluster does not answer.
+pub fn partitions_of<C: rdkafka::ClientContext>(
+    client: &rdkafka::client::Client<C>,
+    topic: &str,
+) -> rdkafka::error::KafkaResult<Vec<i32>> {
+    let md = client.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    Ok(md
+        .topics()
+        .iter()
+        .filter(|t| t.name() == topic && t.error().is_none())
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect())
+}
+
 /// Whether `topic` exists, by a metadata request that does not create it.
 ///
 /// # Errors

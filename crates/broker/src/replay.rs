@@ -407,15 +407,8 @@ async fn copy(
 }
 
 fn partitions_of(consumer: &StreamConsumer, topic: &str) -> Result<Vec<i32>, ReplayError> {
-    let md = consumer
-        .fetch_metadata(Some(topic), Duration::from_secs(10))
-        .map_err(kafka("Kafka did not answer a metadata request"))?;
-    Ok(md
-        .topics()
-        .iter()
-        .filter(|t| t.name() == topic && t.error().is_none())
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect())
+    crate::kafka::partitions_of(consumer.client(), topic)
+        .map_err(kafka("Kafka did not answer a metadata request"))
 }
 
 /// The headers a replayed record carries.

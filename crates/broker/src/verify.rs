@@ -279,15 +279,8 @@ fn target_reader(base: &ClientConfig, target: &str) -> Result<StreamConsumer, Ve
         .set("fetch.wait.max.ms", "50")
         .create()
         .map_err(fail("consumer"))?;
-    let md = consumer
-        .fetch_metadata(Some(target), Duration::from_secs(10))
-        .map_err(fail("metadata"))?;
-    let partitions: Vec<i32> = md
-        .topics()
-        .iter()
-        .filter(|t| t.name() == target && t.error().is_none())
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
+    let partitions =
+        crate::kafka::partitions_of(consumer.client(), target).map_err(fail("metadata"))?;
     if partitions.is_empty() {
         return Err(VerifyError::NoTarget(target.to_owned()));
     }

@@ -5,10 +5,11 @@
 //! each partition backwards by a bounded number of records, so a look at a large topic costs a
 //! bounded read.
 
+use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::message::Message;
+use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use regex::Regex;
 use serde::Serialize;
@@ -16,7 +17,7 @@ use serde_json::{json, Value};
 
 use crate::config::KafkaProp;
 use crate::kafka::{client_config, headers_from};
-use crate::record::names;
+use crate::record::{names, Header};
 use crate::replay::Filter;
 
 /// Most records read back from each partition for one listing.
@@ -123,36 +124,10 @@ impl Source {
             ));
         }
         let c = self.consumer()?;
-        let md = c
-            .fetch_metadata(Some(topic), Duration::from_secs(10))
-            .map_err(|e| format!("cannot read '{topic}': {e}"))?;
-        let partitions: Vec<i32> = md
-            .topics()
-            .iter()
-            .filter(|t| t.name() == topic && t.error().is_none())
-            .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-            .collect();
-        if partitions.is_empty() {
-            return Err(format!("no dead-letter topic '{topic}'"));
-        }
-        let mut tpl = TopicPartitionList::new();
-        let mut ends = std::collections::HashMap::new();
-        for p in partitions {
-            let (low, high) = c
-                .fetch_watermarks(topic, p, Duration::from_secs(5))
-                .map_err(|e| format!("cannot read the offsets of '{topic}': {e}"))?;
-            if high > low {
-                let from = low.max(high - READ_BACK);
-                tpl.add_partition_offset(topic, p, Offset::Offset(from))
-                    .map_err(|e| e.to_string())?;
-                ends.insert(p, high);
-            }
-        }
+        let mut ends = assign_tail(&c, topic)?;
         if ends.is_empty() {
             return Ok(Vec::new());
         }
-        c.assign(&tpl)
-            .map_err(|e| format!("cannot read '{topic}': {e}"))?;
         let deadline = Instant::now() + READ_FOR;
         let mut last_record = Instant::now();
         // At most twice `limit` kept at a time: the newest `limit` are kept whenever it fills.
@@ -171,33 +146,7 @@ impl Source {
             if !filters.iter().all(|f| f.matches(msg.key(), &headers)) {
                 continue;
             }
-            let header = |name: &str| {
-                headers
-                    .iter()
-                    .find(|h| h.key == name)
-                    .and_then(|h| h.value.as_deref())
-                    .map(|v| String::from_utf8_lossy(v).into_owned())
-            };
-            let timestamp = msg.timestamp().to_millis().unwrap_or(0);
-            let payload = msg.payload();
-            let shown = payload.map(|v| &v[..v.len().min(VALUE_SHOWN)]);
-            found.push((timestamp, json!({
-                "topic": topic,
-                "partition": p,
-                "offset": offset,
-                "timestamp_ms": timestamp,
-                "reason": header(names::ERROR),
-                "detail": header(names::ERROR_DETAIL),
-                "target": header(names::TARGET),
-                "key": crate::admin::text(msg.key()),
-                "value": shown.map(|v| String::from_utf8_lossy(v).into_owned()),
-                "value_bytes": payload.map(<[u8]>::len),
-                "value_hex": super::hex(payload),
-                "headers": headers.iter().map(|h| json!({
-                    "key": h.key,
-                    "value": h.value.as_deref().map(|v| String::from_utf8_lossy(v).into_owned()),
-                })).collect::<Vec<_>>(),
-            })));
+            found.push(row(topic, &msg, &headers));
             if found.len() >= 2 * limit {
                 newest_first(&mut found, limit);
             }
@@ -205,6 +154,68 @@ impl Source {
         newest_first(&mut found, limit);
         Ok(found.into_iter().map(|(_, v)| v).collect())
     }
+}
+
+/// Assigns the last [`READ_BACK`] records of each partition of `topic`, and returns where
+/// each partition ends now (partitions with no records are left out).
+fn assign_tail(c: &BaseConsumer, topic: &str) -> Result<HashMap<i32, i64>, String> {
+    let partitions = crate::kafka::partitions_of(c.client(), topic)
+        .map_err(|e| format!("cannot read '{topic}': {e}"))?;
+    if partitions.is_empty() {
+        return Err(format!("no dead-letter topic '{topic}'"));
+    }
+    let mut tpl = TopicPartitionList::new();
+    let mut ends = HashMap::new();
+    for p in partitions {
+        let (low, high) = c
+            .fetch_watermarks(topic, p, Duration::from_secs(5))
+            .map_err(|e| format!("cannot read the offsets of '{topic}': {e}"))?;
+        if high > low {
+            let from = low.max(high - READ_BACK);
+            tpl.add_partition_offset(topic, p, Offset::Offset(from))
+                .map_err(|e| e.to_string())?;
+            ends.insert(p, high);
+        }
+    }
+    if !ends.is_empty() {
+        c.assign(&tpl)
+            .map_err(|e| format!("cannot read '{topic}': {e}"))?;
+    }
+    Ok(ends)
+}
+
+/// A dead letter as the console shows it, with its timestamp to order by.
+fn row(topic: &str, msg: &BorrowedMessage<'_>, headers: &[Header]) -> (i64, Value) {
+    let header = |name: &str| {
+        headers
+            .iter()
+            .find(|h| h.key == name)
+            .and_then(|h| h.value.as_deref())
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+    };
+    let timestamp = msg.timestamp().to_millis().unwrap_or(0);
+    let payload = msg.payload();
+    let shown = payload.map(|v| &v[..v.len().min(VALUE_SHOWN)]);
+    (
+        timestamp,
+        json!({
+            "topic": topic,
+            "partition": msg.partition(),
+            "offset": msg.offset(),
+            "timestamp_ms": timestamp,
+            "reason": header(names::ERROR),
+            "detail": header(names::ERROR_DETAIL),
+            "target": header(names::TARGET),
+            "key": crate::admin::text(msg.key()),
+            "value": shown.map(|v| String::from_utf8_lossy(v).into_owned()),
+            "value_bytes": payload.map(<[u8]>::len),
+            "value_hex": super::hex(payload),
+            "headers": headers.iter().map(|h| json!({
+                "key": h.key,
+                "value": h.value.as_deref().map(|v| String::from_utf8_lossy(v).into_owned()),
+            })).collect::<Vec<_>>(),
+        }),
+    )
 }
 
 /// Keeps the `limit` newest, newest first.
