@@ -34,7 +34,7 @@ use crate::config::Config;
 use crate::kafka::{base_config, ensure_topic, header_refs, KafkaSetupError};
 use crate::metrics::Metrics;
 use crate::publish::dead_letter::{DeadLetter, DeadLetters, Origin};
-use crate::record::{Command, Contract, HeaderRef, Incoming};
+use crate::record::{Command, Contract, HeaderRef, Incoming, Reject};
 use crate::scheduler::{Inserts, Wake};
 use crate::store::{IngestOp, Pid, Store};
 
@@ -149,6 +149,16 @@ pub fn consumer(
             source,
         })?;
     Ok(consumer)
+}
+
+/// What a group of consumed records comes to.
+struct Interpreted<'m> {
+    /// The store operations, in offset order.
+    ops: Vec<IngestOp>,
+    /// The rejected records, for the dead-letter topic.
+    dead: Vec<DeadLetter>,
+    /// The last offset of each source partition in the group, by the partition's store id.
+    last: HashMap<Pid, (&'m str, i32, i64)>,
 }
 
 /// Polls `future` once and returns its output if it is ready at once: how a group takes what
@@ -309,99 +319,7 @@ impl Ingest {
             );
         }
         let now = self.clock.now_ms();
-        let mut ops = Vec::with_capacity(group.len());
-        let mut dead = Vec::new();
-        // Last offset of each source partition in this group, by the partition's store id.
-        let mut last: HashMap<Pid, (&str, i32, i64)> = HashMap::new();
-        // The source topic of each record taken, for the metric.
-        let mut ingested: Vec<&str> = Vec::with_capacity(group.len());
-        // A group holds runs of records from one partition: its id is looked up once per run.
-        let mut current: Option<(&str, i32, Pid)> = None;
-        // Each record's headers, read in place (the contract copies the ones it carries on).
-        let mut headers: Vec<HeaderRef<'_>> = Vec::new();
-        for m in &group {
-            let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
-            let pid = match current {
-                Some((t, p, pid)) if t == topic && p == partition => pid,
-                _ => {
-                    let pid = self.partition_id(topic, partition).await;
-                    current = Some((topic, partition, pid));
-                    pid
-                }
-            };
-            if offset < self.next_offsets.get(&pid).copied().unwrap_or(0) {
-                debug!(%topic, partition, offset, "already stored; skipped");
-                continue; // stored before a crash; Kafka's commit had not caught up
-            }
-            ingested.push(topic);
-            header_refs(m.headers(), &mut headers);
-            let incoming = Incoming {
-                topic,
-                timestamp_ms: m
-                    .timestamp()
-                    .to_millis()
-                    .and_then(|t| u64::try_from(t).ok()),
-                key: m.key(),
-                value: m.payload(),
-                headers: &headers,
-            };
-            match self.contract.interpret(&incoming, now) {
-                Ok(Command::Schedule(schedule)) => ops.push(IngestOp::Schedule {
-                    pid,
-                    offset,
-                    schedule,
-                }),
-                Ok(Command::Retry { schedule, attempt }) => {
-                    debug!(%topic, partition, offset, target = %schedule.target(), attempt, "retry");
-                    self.metrics
-                        .retries
-                        .with_label_values(&[schedule.target()])
-                        .inc();
-                    ops.push(IngestOp::Schedule {
-                        pid,
-                        offset,
-                        schedule,
-                    });
-                }
-                Ok(Command::Exhausted { schedule, target }) => {
-                    debug!(%topic, partition, offset, %target, dead_letter = %schedule.target(),
-                           "retries exhausted");
-                    self.metrics
-                        .retries_exhausted
-                        .with_label_values(&[&target])
-                        .inc();
-                    self.dead_letter_topics.ensure(schedule.target()).await;
-                    ops.push(IngestOp::Schedule {
-                        pid,
-                        offset,
-                        schedule,
-                    });
-                }
-                Ok(Command::Cancel { id }) => ops.push(IngestOp::Cancel { pid, offset, id }),
-                Err(reject) => {
-                    debug!(%topic, partition, offset, reason = %reject.reason, detail = %reject.detail,
-                           "record rejected");
-                    self.metrics
-                        .rejected
-                        .with_label_values(&[reject.reason.code()])
-                        .inc();
-                    ops.push(IngestOp::Skip { pid, offset });
-                    dead.push(DeadLetter {
-                        key: m.key().map(<[u8]>::to_vec),
-                        value: m.payload().map(<[u8]>::to_vec),
-                        headers: headers.iter().map(|h| h.to_header()).collect(),
-                        reject,
-                        origin: Origin {
-                            topic: topic.to_owned(),
-                            partition,
-                            offset,
-                        },
-                    });
-                }
-            }
-            last.insert(pid, (topic, partition, offset));
-        }
-        crate::metrics::count_each(&self.metrics.ingested, ingested);
+        let Interpreted { ops, dead, last } = self.interpret(&group, now).await;
         if ops.is_empty() {
             return;
         }
@@ -433,6 +351,120 @@ impl Ingest {
         {
             warn!("scheduler stopped; new records will be loaded from RocksDB at the next start");
         }
+    }
+
+    /// Reads a group through the contract: a store operation for every record not stored
+    /// before, a dead letter for every rejected one, and the last offset of each partition.
+    async fn interpret<'m>(
+        &mut self,
+        group: &'m [BorrowedMessage<'_>],
+        now: u64,
+    ) -> Interpreted<'m> {
+        let mut out = Interpreted {
+            ops: Vec::with_capacity(group.len()),
+            dead: Vec::new(),
+            last: HashMap::new(),
+        };
+        // The source topic of each record taken, for the metric.
+        let mut ingested: Vec<&str> = Vec::with_capacity(group.len());
+        // A group holds runs of records from one partition: its id is looked up once per run.
+        let mut current: Option<(&str, i32, Pid)> = None;
+        // Each record's headers, read in place (the contract copies the ones it carries on).
+        let mut headers: Vec<HeaderRef<'_>> = Vec::new();
+        for m in group {
+            let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
+            let pid = match current {
+                Some((t, p, pid)) if t == topic && p == partition => pid,
+                _ => {
+                    let pid = self.partition_id(topic, partition).await;
+                    current = Some((topic, partition, pid));
+                    pid
+                }
+            };
+            if offset < self.next_offsets.get(&pid).copied().unwrap_or(0) {
+                debug!(%topic, partition, offset, "already stored; skipped");
+                continue; // stored before a crash; Kafka's commit had not caught up
+            }
+            ingested.push(topic);
+            header_refs(m.headers(), &mut headers);
+            let incoming = Incoming {
+                topic,
+                timestamp_ms: m
+                    .timestamp()
+                    .to_millis()
+                    .and_then(|t| u64::try_from(t).ok()),
+                key: m.key(),
+                value: m.payload(),
+                headers: &headers,
+            };
+            let interpreted = self.contract.interpret(&incoming, now);
+            match self.op(interpreted, pid, (topic, partition, offset)).await {
+                Ok(op) => out.ops.push(op),
+                Err(reject) => {
+                    out.ops.push(IngestOp::Skip { pid, offset });
+                    out.dead.push(DeadLetter {
+                        key: m.key().map(<[u8]>::to_vec),
+                        value: m.payload().map(<[u8]>::to_vec),
+                        headers: headers.iter().map(|h| h.to_header()).collect(),
+                        reject,
+                        origin: Origin {
+                            topic: topic.to_owned(),
+                            partition,
+                            offset,
+                        },
+                    });
+                }
+            }
+            out.last.insert(pid, (topic, partition, offset));
+        }
+        crate::metrics::count_each(&self.metrics.ingested, ingested);
+        out
+    }
+
+    /// The store operation for one interpreted record, counting retries; a rejected record is
+    /// counted and handed back.
+    async fn op(
+        &mut self,
+        interpreted: Result<Command, Reject>,
+        pid: Pid,
+        (topic, partition, offset): (&str, i32, i64),
+    ) -> Result<IngestOp, Reject> {
+        let schedule = match interpreted {
+            Ok(Command::Schedule(schedule)) => schedule,
+            Ok(Command::Retry { schedule, attempt }) => {
+                debug!(%topic, partition, offset, target = %schedule.target(), attempt, "retry");
+                self.metrics
+                    .retries
+                    .with_label_values(&[schedule.target()])
+                    .inc();
+                schedule
+            }
+            Ok(Command::Exhausted { schedule, target }) => {
+                debug!(%topic, partition, offset, %target, dead_letter = %schedule.target(),
+                       "retries exhausted");
+                self.metrics
+                    .retries_exhausted
+                    .with_label_values(&[&target])
+                    .inc();
+                self.dead_letter_topics.ensure(schedule.target()).await;
+                schedule
+            }
+            Ok(Command::Cancel { id }) => return Ok(IngestOp::Cancel { pid, offset, id }),
+            Err(reject) => {
+                debug!(%topic, partition, offset, reason = %reject.reason, detail = %reject.detail,
+                       "record rejected");
+                self.metrics
+                    .rejected
+                    .with_label_values(&[reject.reason.code()])
+                    .inc();
+                return Err(reject);
+            }
+        };
+        Ok(IngestOp::Schedule {
+            pid,
+            offset,
+            schedule,
+        })
     }
 
     async fn partition_id(&self, topic: &str, partition: i32) -> Pid {
