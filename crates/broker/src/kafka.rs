@@ -135,7 +135,7 @@ fn set_default(c: &mut ClientConfig, config: &Config, key: &str, value: &str) {
 /// librdkafka asks for the id when the producer is created, before its connection to a broker
 /// is up, and after that only on a 500 ms timer or when a metadata response comes in; until it
 /// has the id it sends nothing. A broker started with a backlog of due records therefore
-/// delivered nothing for its first 0.5-1 s (BENCHMARKS.md, "What was tried"). The
+/// delivered nothing for its first 0.5-1 s (docs/decisions.md). The
 /// response to the second request comes in over the connection the first one opened, and the
 /// producer asks for its id at once. Errors are left to the producer's first real request.
 pub fn request_producer_id<C: rdkafka::ClientContext>(

@@ -67,10 +67,9 @@ where
 }
 
 /// Most records in one group. A group only fills when the consumer has a backlog. With `sync`
-/// each group costs one fsync: groups of up to 2,048 instead of 512 took 210 fsyncs instead of
-/// 503 for 200,000 records and raised the rate with `sync` in 6 of 6 pairs. Without it, groups
-/// that large kept a runtime worker from the publisher for longer: delivery p99 at 43.5K
-/// records/s was higher in 3 of 3 pairs (BENCHMARKS.md, "What was tried").
+/// each group costs one fsync, so larger groups mean fewer fsyncs; without it, a large group
+/// keeps a runtime worker from the publisher for longer and delivery lateness grows
+/// (docs/decisions.md has the figures).
 pub fn max_group(sync: bool) -> usize {
     if sync {
         2_048

@@ -1,0 +1,129 @@
+//! Bulk actions by filter (target, due-time range, delay-id, key): cancel, reschedule and
+//! fire now, each on a blocking thread.
+
+use axum::extract::State;
+use axum::http::HeaderMap;
+use axum::Json;
+use serde::Deserialize;
+use serde_json::json;
+
+use super::records::{select, Filter, When};
+use super::{bad, internal, Admin, ApiError, ApiResult, MAX_BULK};
+use crate::store::RecordId;
+
+/// A bulk request: the filter, and for reschedule the new time.
+#[derive(Debug, Deserialize)]
+pub(super) struct Bulk {
+    #[serde(flatten)]
+    filter: Filter,
+    #[serde(flatten)]
+    when: When,
+}
+
+pub(super) fn bulk(
+    a: &Admin,
+    f: &Filter,
+    mut act: impl FnMut(RecordId) -> Result<bool, ApiError>,
+) -> ApiResult {
+    if f.target.is_none()
+        && f.due_from.is_none()
+        && f.due_to.is_none()
+        && f.delay_id.is_none()
+        && f.key.is_none()
+        && !f.all
+    {
+        return Err(bad(
+            "give target, due_from, due_to or delay_id; to act on every pending record say \"all\": true",
+        ));
+    }
+    if f.cursor.is_some() {
+        return Err(bad(
+            "bulk actions take no cursor: repeat the request while more is true",
+        ));
+    }
+    let limit = f.limit.unwrap_or(MAX_BULK).clamp(1, MAX_BULK);
+    let (rows, next) = select(&a.store, f, limit, usize::MAX)?;
+    let mut changed = 0u64;
+    for (_, rid, _) in &rows {
+        if act(*rid)? {
+            changed += 1;
+        }
+    }
+    Ok(Json(
+        json!({ "matched": rows.len(), "changed": changed, "more": next.is_some() }),
+    ))
+}
+
+pub(super) fn bulk_what(f: &Filter) -> String {
+    format!(
+        "target={:?} due_from={:?} due_to={:?} delay_id={:?} key={:?} all={}",
+        f.target, f.due_from, f.due_to, f.delay_id, f.key, f.all
+    )
+}
+
+/// Runs a bulk action on a blocking thread: it makes up to 100,000 store calls (a key filter
+/// reads every record it examines), which must not hold up the runtime.
+pub(super) async fn off_runtime(f: impl FnOnce() -> ApiResult + Send + 'static) -> ApiResult {
+    tokio::task::spawn_blocking(f).await.map_err(internal)?
+}
+
+pub(super) async fn bulk_cancel(
+    State(a): State<Admin>,
+    headers: HeaderMap,
+    Json(f): Json<Filter>,
+) -> ApiResult {
+    off_runtime(move || {
+        a.mutate(&headers, "bulk_cancel", &bulk_what(&f), || {
+            bulk(&a, &f, |rid| {
+                Ok(a.store.cancel(rid).map_err(internal)?.is_some())
+            })
+        })
+    })
+    .await
+}
+
+pub(super) async fn bulk_reschedule(
+    State(a): State<Admin>,
+    headers: HeaderMap,
+    Json(b): Json<Bulk>,
+) -> ApiResult {
+    off_runtime(move || {
+        a.mutate(&headers, "bulk_reschedule", &bulk_what(&b.filter), || {
+            let due = b.when.resolve(a.clock.now_ms(), a.max_delay_ms)?;
+            let mut woken = Vec::new();
+            let r = bulk(&a, &b.filter, |rid| {
+                let moved = a.store.reschedule(rid, due).map_err(internal)?.is_some();
+                if moved {
+                    woken.push((due, rid));
+                }
+                Ok(moved)
+            });
+            a.wake(woken);
+            r
+        })
+    })
+    .await
+}
+
+pub(super) async fn bulk_fire(
+    State(a): State<Admin>,
+    headers: HeaderMap,
+    Json(f): Json<Filter>,
+) -> ApiResult {
+    off_runtime(move || {
+        a.mutate(&headers, "bulk_fire", &bulk_what(&f), || {
+            let now = a.clock.now_ms();
+            let mut woken = Vec::new();
+            let r = bulk(&a, &f, |rid| {
+                let moved = a.store.reschedule(rid, now).map_err(internal)?.is_some();
+                if moved {
+                    woken.push((now, rid));
+                }
+                Ok(moved)
+            });
+            a.wake(woken);
+            r
+        })
+    })
+    .await
+}

@@ -1,0 +1,280 @@
+//! One record at a time: list and search pending records, show one, cancel, reschedule and
+//! fire now; and the JSON a record is shown as.
+
+use axum::extract::{Path, Query, State};
+use axum::http::{HeaderMap, StatusCode};
+use axum::Json;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{bad, internal, Admin, ApiError, ApiResult, MAX_PAGE, SCAN_BUDGET};
+use crate::record::time::{parse_duration_ms, parse_epoch_ms_or_rfc3339};
+use crate::store::{Position, RecordId, Store, StoredRecord};
+
+/// A record id in the API: 16 hex digits.
+pub(super) fn parse_id(text: &str) -> Result<RecordId, ApiError> {
+    u64::from_str_radix(text, 16)
+        .ok()
+        .filter(|_| text.len() == 16)
+        .map(RecordId)
+        .ok_or_else(|| bad(format!("'{text}' is not a record id (16 hex digits)")))
+}
+
+pub(super) fn id_text(rid: RecordId) -> String {
+    format!("{:016x}", rid.0)
+}
+
+pub(super) fn rfc3339(ms: u64) -> String {
+    chrono::DateTime::from_timestamp_millis(ms as i64)
+        .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true))
+        .unwrap_or_default()
+}
+
+pub(super) fn summary(store: &Store, rid: RecordId, due_ms: u64, target: &str) -> Value {
+    let (topic, partition) = store.partition_of(rid.pid()).unwrap_or_default();
+    json!({
+        "id": id_text(rid),
+        "due_ms": due_ms,
+        "due": rfc3339(due_ms),
+        "target": target,
+        "source": { "topic": topic, "partition": partition, "offset": rid.offset() },
+    })
+}
+
+/// `bytes` as text when they are UTF-8, else null.
+pub(crate) fn text(bytes: Option<&[u8]>) -> Value {
+    bytes
+        .and_then(|b| std::str::from_utf8(b).ok())
+        .map_or(Value::Null, |s| Value::String(s.to_owned()))
+}
+
+pub(super) fn detail(store: &Store, rid: RecordId, rec: &StoredRecord) -> Value {
+    let mut v = summary(store, rid, rec.due_ms(), rec.target());
+    v["delay_id"] = text(rec.id());
+    v["key"] = text(rec.key());
+    v["value"] = text(rec.value());
+    v["value_hex"] = crate::console::hex(rec.value());
+    v["value_bytes"] = json!(rec.value().map(<[u8]>::len));
+    v["headers"] = rec
+        .headers()
+        .map(|h| json!({ "key": h.key, "value": text(h.value) }))
+        .collect();
+    v
+}
+
+/// Which records a listing or a bulk action covers.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct Filter {
+    pub(super) target: Option<String>,
+    /// Due at or after (epoch ms or RFC 3339).
+    pub(super) due_from: Option<String>,
+    /// Due at or before (epoch ms or RFC 3339).
+    pub(super) due_to: Option<String>,
+    /// The delay-id (in any source partition).
+    pub(super) delay_id: Option<String>,
+    /// The key, as text (each index entry examined is read to compare it).
+    pub(super) key: Option<String>,
+    pub(super) limit: Option<usize>,
+    pub(super) cursor: Option<String>,
+    /// Bulk only: act on every pending record when no other filter is given.
+    #[serde(default)]
+    pub(super) all: bool,
+}
+
+pub(super) fn time_bound(name: &str, v: &Option<String>) -> Result<Option<u64>, ApiError> {
+    v.as_deref()
+        .map(|t| parse_epoch_ms_or_rfc3339(t).map_err(|e| bad(format!("{name}: {e}"))))
+        .transpose()
+}
+
+pub(super) fn parse_cursor(c: &str) -> Result<Position, ApiError> {
+    let (due, id) = c
+        .split_once('-')
+        .ok_or_else(|| bad(format!("cursor '{c}' is not one this API returned")))?;
+    let due = due
+        .parse()
+        .map_err(|_| bad(format!("cursor '{c}' is not one this API returned")))?;
+    Ok(Position::At(due, parse_id(id)?))
+}
+
+/// Matching (due, id, target) triples and the cursor to go on from, as the API shows it.
+type Selected = (Vec<(u64, RecordId, String)>, Option<String>);
+
+/// Matching records as (due, id, target), up to `limit`, and the cursor to go on from.
+pub(super) fn select(
+    store: &Store,
+    f: &Filter,
+    limit: usize,
+    budget: usize,
+) -> Result<Selected, ApiError> {
+    let from = time_bound("due_from", &f.due_from)?.unwrap_or(0);
+    let to = time_bound("due_to", &f.due_to)?.unwrap_or(u64::MAX);
+    let target_ok = |t: &str| f.target.as_deref().is_none_or(|want| want == t);
+    let key_ok = |rid: RecordId| {
+        f.key.as_deref().is_none_or(|want| {
+            store
+                .get(&[rid])
+                .ok()
+                .and_then(|mut r| r.pop().flatten())
+                .is_some_and(|r| r.key() == Some(want.as_bytes()))
+        })
+    };
+    if let Some(id) = &f.delay_id {
+        let mut out = Vec::new();
+        for (due, rid) in store.find_id(id.as_bytes()).map_err(internal)? {
+            let Some(rec) = store.get(&[rid]).map_err(internal)?.pop().flatten() else {
+                continue;
+            };
+            if (from..=to).contains(&due) && target_ok(rec.target()) && key_ok(rid) {
+                out.push((due, rid, rec.target().to_owned()));
+            }
+        }
+        return Ok((out, None));
+    }
+    let start = match &f.cursor {
+        Some(c) => parse_cursor(c)?,
+        None => Position::Due(from),
+    };
+    let (rows, next) = store
+        .list(start, to, limit, budget, |_, rid, t| {
+            target_ok(t) && key_ok(rid)
+        })
+        .map_err(internal)?;
+    let next = next.map(|p| match p {
+        Position::At(due, rid) => format!("{due}-{}", id_text(rid)),
+        Position::Due(due) => format!("{due}-{}", id_text(RecordId(0))),
+    });
+    Ok((rows, next))
+}
+
+pub(super) async fn list(
+    State(a): State<Admin>,
+    headers: HeaderMap,
+    Query(f): Query<Filter>,
+) -> ApiResult {
+    a.authorize(&headers)?;
+    let limit = f.limit.unwrap_or(100).clamp(1, MAX_PAGE);
+    let store = a.store.clone();
+    let (rows, next) = tokio::task::spawn_blocking(move || select(&store, &f, limit, SCAN_BUDGET))
+        .await
+        .map_err(internal)??;
+    let records: Vec<Value> = rows
+        .iter()
+        .map(|(due, rid, t)| summary(&a.store, *rid, *due, t))
+        .collect();
+    Ok(Json(json!({ "records": records, "next_cursor": next })))
+}
+
+pub(super) async fn show(
+    State(a): State<Admin>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult {
+    a.authorize(&headers)?;
+    let rid = parse_id(&id)?;
+    match a.store.get(&[rid]).map_err(internal)?.pop().flatten() {
+        Some(rec) => Ok(Json(detail(&a.store, rid, &rec))),
+        None => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no pending record {id}"),
+        )),
+    }
+}
+
+pub(super) async fn cancel(
+    State(a): State<Admin>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult {
+    a.mutate(&headers, "cancel", &id, || {
+        let rid = parse_id(&id)?;
+        match a.store.cancel(rid).map_err(internal)? {
+            Some(rec) => Ok(Json(json!({
+                "cancelled": summary(&a.store, rid, rec.due_ms(), rec.target())
+            }))),
+            None => Err(ApiError(
+                StatusCode::NOT_FOUND,
+                format!("no pending record {id}"),
+            )),
+        }
+    })
+}
+
+/// A new due time: absolute (`due`: epoch ms or RFC 3339) or relative to now (`delay`).
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct When {
+    pub(super) due: Option<Value>,
+    pub(super) delay: Option<String>,
+}
+
+impl When {
+    pub(super) fn resolve(&self, now: u64, max_delay_ms: u64) -> Result<u64, ApiError> {
+        let due = match (&self.due, &self.delay) {
+            (Some(_), Some(_)) => return Err(bad("give due or delay, not both")),
+            (None, None) => return Err(bad("give due (epoch ms or RFC 3339) or delay (like 30s)")),
+            (Some(Value::Number(n)), None) => n
+                .as_u64()
+                .ok_or_else(|| bad(format!("due {n} is not a whole number of epoch ms")))?,
+            (Some(Value::String(s)), None) => {
+                parse_epoch_ms_or_rfc3339(s).map_err(|e| bad(format!("due: {e}")))?
+            }
+            (Some(other), None) => return Err(bad(format!("due {other} is not a time"))),
+            (None, Some(d)) => {
+                now.saturating_add(parse_duration_ms(d).map_err(|e| bad(format!("delay: {e}")))?)
+            }
+        };
+        if due > now.saturating_add(max_delay_ms) {
+            return Err(bad(format!(
+                "due {due} is more than the maximum delay ({max_delay_ms} ms) ahead"
+            )));
+        }
+        Ok(due)
+    }
+}
+
+pub(super) fn move_one(a: &Admin, id: &str, due: u64) -> ApiResult {
+    let rid = parse_id(id)?;
+    match a.store.reschedule(rid, due).map_err(internal)? {
+        Some(previous) => {
+            a.wake(vec![(due, rid)]);
+            let target = a
+                .store
+                .get(&[rid])
+                .map_err(internal)?
+                .pop()
+                .flatten()
+                .map(|r| r.target().to_owned())
+                .unwrap_or_default();
+            Ok(Json(json!({
+                "record": summary(&a.store, rid, due, &target),
+                "previous_due_ms": previous,
+            })))
+        }
+        None => Err(ApiError(
+            StatusCode::NOT_FOUND,
+            format!("no pending record {id}"),
+        )),
+    }
+}
+
+pub(super) async fn reschedule(
+    State(a): State<Admin>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+    Json(when): Json<When>,
+) -> ApiResult {
+    a.mutate(&headers, "reschedule", &id, || {
+        let due = when.resolve(a.clock.now_ms(), a.max_delay_ms)?;
+        move_one(&a, &id, due)
+    })
+}
+
+pub(super) async fn fire(
+    State(a): State<Admin>,
+    headers: HeaderMap,
+    Path(id): Path<String>,
+) -> ApiResult {
+    a.mutate(&headers, "fire", &id, || {
+        move_one(&a, &id, a.clock.now_ms())
+    })
+}
