@@ -133,22 +133,7 @@ fn store(args: &CycleArgs, lag: usize, keep: bool) -> Result<Phases, FillError> 
         args,
         lag,
         |from, to| {
-            let (partition, first) = source_position(from, args.batch);
-            let pid = pids[partition as usize];
-            let ops: Vec<IngestOp> = (from..to)
-                .map(|i| IngestOp::Schedule {
-                    pid,
-                    offset: (first + i - from) as i64,
-                    schedule: StoredRecord::new(
-                        1_000_000 + i / 64,
-                        "bench.out",
-                        None,
-                        Some(format!("k{i}").as_bytes()),
-                        Some(&value),
-                        [],
-                    ),
-                })
-                .collect();
+            let ops = batch_ops(args, &pids, from, to, &value);
             let t = Instant::now();
             // Records arrive a second before they are due when kept (within the store's 5 s
             // below), a minute before otherwise.
@@ -200,6 +185,27 @@ fn store(args: &CycleArgs, lag: usize, keep: bool) -> Result<Phases, FillError> 
         get_ns: per(get_ns),
         remove_ns: per(u128::from(remove_ns.into_inner())),
     })
+}
+
+/// The ingest ops of records `from..to`: batch n from source partition n % 32, one due time
+/// per 64 records.
+fn batch_ops(args: &CycleArgs, pids: &[Pid], from: u64, to: u64, value: &[u8]) -> Vec<IngestOp> {
+    let (partition, first) = source_position(from, args.batch);
+    let pid = pids[partition as usize];
+    (from..to)
+        .map(|i| IngestOp::Schedule {
+            pid,
+            offset: (first + i - from) as i64,
+            schedule: StoredRecord::new(
+                1_000_000 + i / 64,
+                "bench.out",
+                None,
+                Some(format!("k{i}").as_bytes()),
+                Some(value),
+                [],
+            ),
+        })
+        .collect()
 }
 
 /// Writes (and reads back) batches on this thread and deletes them on another, at most `lag`
