@@ -1,6 +1,7 @@
 //! `kafka-delay bench store-cycle`: what the store costs per record on the broker's path, with
-//! no Kafka in the way: ingest ([`Store::apply_at`]), the read before publishing ([`Store::get_for_firing`])
-//! and the delete after the acknowledgement ([`Store::remove_delivered`]), in batches, the deletes
+//! no Kafka in the way: ingest ([`Store::apply`]), the claim and read before publishing
+//! ([`Store::claim_and_read`]) and the delete after the acknowledgement ([`Store::delivered`]),
+//! the calls the publisher makes, in batches, the deletes
 //! lagging the writes by the records in flight. The baseline, in the same run, is the least a
 //! durable store of records does: one write batch putting each record's bytes under its offset
 //! into a fresh RocksDB with default options, one batched read, and one delete batch, with the
@@ -61,13 +62,13 @@ pub struct Cycle {
 /// One run of kafka-delay's store, ns per record.
 #[derive(Debug, Clone, Copy, serde::Serialize)]
 pub struct Phases {
-    /// Wall time: [`Store::apply_at`], [`Store::get_for_firing`], [`Store::remove_delivered`].
+    /// Wall time: [`Store::apply`], [`Store::claim_and_read`], [`Store::delivered`].
     pub wall_ns: f64,
-    /// Time spent in [`Store::apply_at`] per record.
+    /// Time spent in [`Store::apply`] per record.
     pub apply_ns: f64,
-    /// ... in [`Store::get_for_firing`] (the read before publishing).
+    /// ... in [`Store::claim_and_read`] (the claim and read before publishing).
     pub get_ns: f64,
-    /// ... in [`Store::remove_delivered`] (on the other thread).
+    /// ... in [`Store::delivered`] (on the other thread).
     pub remove_ns: f64,
 }
 
@@ -132,38 +133,24 @@ fn store(args: &CycleArgs, lag: usize, keep: bool) -> Result<Phases, FillError> 
         args,
         lag,
         |from, to| {
-            let (partition, first) = source_position(from, args.batch);
-            let pid = pids[partition as usize];
-            let ops: Vec<IngestOp> = (from..to)
-                .map(|i| IngestOp::Schedule {
-                    pid,
-                    offset: (first + i - from) as i64,
-                    schedule: StoredRecord::new(
-                        1_000_000 + i / 64,
-                        "bench.out",
-                        None,
-                        Some(format!("k{i}").as_bytes()),
-                        Some(&value),
-                        [],
-                    ),
-                })
-                .collect();
+            let ops = batch_ops(args, &pids, from, to, &value);
             let t = Instant::now();
             // Records arrive a second before they are due when kept (within the store's 5 s
             // below), a minute before otherwise.
             let early_ms = if keep { 1_000 } else { 60_000 };
             let now = (1_000_000 + from / 64).saturating_sub(early_ms);
-            let applied = store.apply_at(&ops, now)?;
-            let ids: Vec<RecordId> = applied.inserted.iter().map(|e| e.1).collect();
+            let applied = store.apply(&ops, now)?;
             apply_ns += t.elapsed().as_nanos();
             let t = Instant::now();
-            let read_at = store.changes();
-            let records = store.get_for_firing(&ids)?;
+            let firing = store
+                .claim_and_read(applied.inserted.iter().copied())
+                .map_err(|e| e.error)?;
             get_ns += t.elapsed().as_nanos();
-            let mut fired: Vec<_> = ids
+            let read_at = firing.read_at;
+            let mut fired: Vec<(RecordId, StoredRecord)> = firing
+                .records
                 .into_iter()
-                .zip(records)
-                .filter_map(|(id, r)| r.map(|r| (id, r)))
+                .map(|f| (f.id, f.record))
                 .collect();
             // Delivery reports come back grouped by the target's partition (the key's hash).
             fired.sort_by_key(|(id, r)| (target_partition(r.key()), *id));
@@ -172,7 +159,7 @@ fn store(args: &CycleArgs, lag: usize, keep: bool) -> Result<Phases, FillError> 
         |(read_at, done)| {
             let refs: Vec<_> = done.iter().map(|(id, r)| (*id, r)).collect();
             let t = Instant::now();
-            store.remove_delivered(&refs, read_at)?;
+            store.delivered(&refs, read_at)?;
             remove_ns.fetch_add(t.elapsed().as_nanos() as u64, Ordering::Relaxed);
             Ok(())
         },
@@ -198,6 +185,27 @@ fn store(args: &CycleArgs, lag: usize, keep: bool) -> Result<Phases, FillError> 
         get_ns: per(get_ns),
         remove_ns: per(u128::from(remove_ns.into_inner())),
     })
+}
+
+/// The ingest ops of records `from..to`: batch n from source partition n % 32, one due time
+/// per 64 records.
+fn batch_ops(args: &CycleArgs, pids: &[Pid], from: u64, to: u64, value: &[u8]) -> Vec<IngestOp> {
+    let (partition, first) = source_position(from, args.batch);
+    let pid = pids[partition as usize];
+    (from..to)
+        .map(|i| IngestOp::Schedule {
+            pid,
+            offset: (first + i - from) as i64,
+            schedule: StoredRecord::new(
+                1_000_000 + i / 64,
+                "bench.out",
+                None,
+                Some(format!("k{i}").as_bytes()),
+                Some(value),
+                [],
+            ),
+        })
+        .collect()
 }
 
 /// Writes (and reads back) batches on this thread and deletes them on another, at most `lag`
@@ -291,7 +299,7 @@ fn baseline(args: &CycleArgs, lag: usize) -> Result<f64, FillError> {
 
 /// Prints the rounds as a table and the medians of their ratios.
 pub(super) fn print(rounds: &[Cycle]) {
-    println!("| round | plain RocksDB ns/record | kafka-delay store, read before publishing ns/record | store / plain | in apply / get / remove_delivered ns | due soon, kept in memory ns/record | kept / plain | in apply / get / remove_delivered ns |");
+    println!("| round | plain RocksDB ns/record | kafka-delay store, read before publishing ns/record | store / plain | in apply / claim_and_read / delivered ns | due soon, kept in memory ns/record | kept / plain | in apply / claim_and_read / delivered ns |");
     println!("|---|---|---|---|---|---|---|---|");
     let phases = |p: &Phases| format!("{:.0} / {:.0} / {:.0}", p.apply_ns, p.get_ns, p.remove_ns);
     for (i, c) in rounds.iter().enumerate() {

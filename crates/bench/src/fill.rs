@@ -79,7 +79,7 @@ pub fn fill(args: &FillArgs) -> Result<Filled, FillError> {
                 ),
             })
             .collect();
-        store.apply(&ops)?;
+        store.apply(&ops, now)?;
         written += n;
         if last_report.elapsed().as_secs() >= 10 {
             let secs = started.elapsed().as_secs_f64();

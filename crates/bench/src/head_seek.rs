@@ -79,14 +79,12 @@ pub fn head_seek(args: &HeadSeekArgs) -> Result<HeadSeek, FillError> {
         if let Some(&(due, id)) = page.last() {
             from = kafka_delay::store::due_key_after(due, id);
         }
-        let ids: Vec<_> = page.iter().map(|&(_, id)| id).collect();
-        let records = store.get(&ids)?;
-        let fired: Vec<_> = ids
-            .iter()
-            .zip(records.iter())
-            .filter_map(|(id, r)| r.as_ref().map(|r| (*id, r)))
-            .collect();
-        store.remove_fired(&fired)?;
+        // As the publisher fires them: claimed and read, then deleted after delivery.
+        let firing = store
+            .claim_and_read(page.iter().copied())
+            .map_err(|e| e.error)?;
+        let fired: Vec<_> = firing.records.iter().map(|f| (f.id, &f.record)).collect();
+        store.delivered(&fired, firing.read_at)?;
         deleted += n as u64;
         if deleted % 1_000_000 == 0 {
             eprintln!(

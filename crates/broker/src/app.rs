@@ -14,11 +14,11 @@ use tracing::{info, warn};
 
 use crate::clock::Clock;
 use crate::config::{millis, Config};
+use crate::dead_letter::DeadLetters;
 use crate::http::{self, Health};
 use crate::ingest::{self, Ingest};
 use crate::kafka::{self, KafkaSetupError};
 use crate::metrics::Metrics;
-use crate::publish::dead_letter::DeadLetters;
 use crate::publish::reports::{PublishProducer, Reports};
 use crate::publish::{Publisher, RetryPolicy};
 use crate::scheduler::{Scheduler, Wake};
@@ -228,7 +228,6 @@ pub async fn start(
             backoff_max_ms: millis(config.fire.backoff_max),
         },
         in_flight: config.fire.in_flight,
-        in_flight_ids: Arc::default(),
         limits: Arc::new(config.fire.limits.clone()),
         history: history.clone(),
     };

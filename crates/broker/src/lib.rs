@@ -17,6 +17,7 @@ pub mod admin;
 pub mod app;
 pub mod config;
 pub mod console;
+pub mod dead_letter;
 pub mod failpoint;
 pub mod http;
 pub mod ingest;

@@ -31,9 +31,9 @@ pub use context::IngestContext;
 
 use crate::clock::Clock;
 use crate::config::Config;
+use crate::dead_letter::{DeadLetter, DeadLetters, Origin};
 use crate::kafka::{base_config, ensure_topic, header_refs, KafkaSetupError};
 use crate::metrics::Metrics;
-use crate::publish::dead_letter::{DeadLetter, DeadLetters, Origin};
 use crate::record::{Command, Contract, HeaderRef, Incoming, Reject};
 use crate::scheduler::{Inserts, Wake};
 use crate::store::{IngestOp, Pid, Store};
@@ -496,7 +496,7 @@ impl Ingest {
             }
             let store = self.store.clone();
             let batch = ops.clone();
-            match tokio::task::spawn_blocking(move || store.apply_at(&batch, now)).await {
+            match tokio::task::spawn_blocking(move || store.apply(&batch, now)).await {
                 Ok(Ok(applied)) => {
                     self.store_healthy.store(true, Ordering::Relaxed);
                     return Some(applied);

@@ -15,7 +15,7 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::Outcome;
 use crate::clock::Clock;
-use crate::store::{RecordId, StoredRecord};
+use crate::store::{ReadMark, RecordId, StoredRecord};
 
 /// A record handed to the producer, until its outcome has been handled (it holds the
 /// in-flight permit until then).
@@ -29,8 +29,8 @@ pub struct Sent {
     pub(crate) sent_ms: u64,
     /// When the fire limits let it go (epoch ms): its due time when none held it.
     pub(crate) released_ms: u64,
-    /// The store's change count before it was read.
-    pub(crate) read_at: u64,
+    /// The store's change count when it was claimed, for the delete after delivery.
+    pub(crate) read_at: ReadMark,
 }
 
 /// The publishing producer's context: sends every delivery report to the completion task.

@@ -1,5 +1,8 @@
 //! Durable state in RocksDB: pending records, the due-time index, ids, source offsets and pending
-//! counts. `write.rs` holds the write paths, `read.rs` the reads.
+//! counts. [`column`] names the column families and their key and value types, [`codec`] their
+//! byte layouts; `ingest.rs` writes what was consumed, `fire.rs` is the fire path, `gather.rs`
+//! deletes the due-index entries of delivered records, `operator.rs` holds operators' cancels
+//! and moves, `read.rs` the reads, `recovery.rs` what `open` restores.
 //!
 //! # Durability contract
 //! Ingest: decode -> **one write batch** (records + due index + ids + the source offset) ->
@@ -8,11 +11,11 @@
 //! nothing twice (the stored offset is where consumption resumes, and the ingest loop skips
 //! anything below it); the wheel is rebuilt from the due index at start.
 //!
-//! Fire: read the record -> produce -> delivery report -> **one delete batch** (record, id
-//! mapping if it still points at this record, counts; its due-index entry is gathered, below). A
-//! crash between the delivery report and the delete publishes the record again after restart:
-//! delivery is at-least-once, and the duplicates after a crash are bounded by the records in
-//! flight.
+//! Fire ([`Store::claim`], [`Store::read_claimed`], [`Store::delivered`]): claim and read the
+//! record -> produce -> delivery report -> **one delete batch** (record, id mapping if it still
+//! points at this record, counts; its due-index entry is gathered, below). A crash between the
+//! delivery report and the delete publishes the record again after restart: delivery is
+//! at-least-once, and the duplicates after a crash are bounded by the records in flight.
 //!
 //! Cleanup: a record, its due-index entry and its id mapping are deleted when it fires (the
 //! entry with the next gathered ones), is cancelled or is replaced, so no column grows without
@@ -27,47 +30,43 @@
 //! reschedule arriving while the old record fires can never lose the new id mapping.
 //!
 //! The due-index entries of delivered records are deleted a little later than the records:
-//! gathered over many deliveries, so that adjacent ones go as one range tombstone
-//! ([`Store::remove_delivered`]). Every read of the index whose answer anyone sees deletes the
-//! gathered ones first; after a crash the ones left behind are loaded, find no record, and are
-//! skipped and gathered again.
+//! gathered over many deliveries, so that adjacent ones go as one range tombstone. Every read
+//! of the index whose answer anyone sees deletes the gathered ones first; after a crash the
+//! ones left behind are loaded, find no record when they are claimed, and are gathered again.
 //!
 //! The delete after fire checks that each record is still there and at which due time (a cancel
 //! or a replacement may have removed it while it was being delivered, an operator may have moved
 //! it) only when one of those happened since the records were read: the store counts them
-//! ([`Store::changes`]), and the publisher claims each record before reading it, so no other
-//! delete after delivery can remove it meanwhile.
+//! (`Store::changes`), and each record is claimed before it is read, so no other delete after
+//! delivery can remove it meanwhile.
 
 pub mod codec;
+mod column;
+mod fire;
+mod gather;
+mod ingest;
 pub mod near;
+mod operator;
+mod partitions;
 mod read;
+mod recovery;
 pub mod stats;
 pub mod wal;
-mod write;
 
-use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::Instant;
 
-use rocksdb::{ColumnFamilyDescriptor, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Options, WriteOptions, DB};
 
+use codec::DueKey;
 pub use codec::{due_key_after, Pid, RecordId, StoredRecord};
-use codec::{partition_key, split_due_key, split_partition_key};
+use column::{Batch, Column};
+pub use fire::{Claim, FireBatch, ReadFailed, ReadMark, ToFire};
+pub use ingest::{Applied, IngestOp};
+pub use read::{Page, Position};
 use stats::{PendingStats, Snapshot};
-
-const CF_RECORDS: &str = "records";
-const CF_DUE: &str = "due";
-const CF_IDS: &str = "ids";
-const CF_OFFSETS: &str = "offsets";
-const CF_META: &str = "meta";
-/// Pending counts by target and due minute (see [`stats`]), changed in every write batch.
-const CF_COUNTS: &str = "counts";
-/// In `meta`: present once `counts` has been written by a full recount and kept since.
-const COUNTS_KEPT: &[u8] = b"counts-kept";
-/// Every column family.
-const ALL_CFS: [&str; 6] = [CF_RECORDS, CF_DUE, CF_IDS, CF_OFFSETS, CF_META, CF_COUNTS];
 
 /// Errors of the store; each names what failed.
 #[derive(Debug, thiserror::Error)]
@@ -129,7 +128,7 @@ pub struct StoreOptions {
     /// change; deletes after delivery are synced as [`wal`] says.
     pub sync: bool,
     /// Records due within this many ms of their arrival are also kept in memory until they
-    /// fire ([`near`]); see [`Store::apply_at`].
+    /// fire ([`near`]); see [`Store::apply`].
     pub keep_within_ms: u64,
     /// At most this many bytes of them (0: none).
     pub keep_bytes: usize,
@@ -146,121 +145,50 @@ impl StoreOptions {
     }
 }
 
-/// One step of an ingest batch: what a consumed record does to the state.
-#[derive(Debug, Clone)]
-pub enum IngestOp {
-    /// Store a record to publish later (replacing the pending one with the same id).
-    Schedule {
-        /// Source partition.
-        pid: Pid,
-        /// Source offset.
-        offset: i64,
-        /// What to publish and when.
-        schedule: StoredRecord,
-    },
-    /// Remove the pending record with this id.
-    Cancel {
-        /// Source partition.
-        pid: Pid,
-        /// Source offset.
-        offset: i64,
-        /// The id.
-        id: Vec<u8>,
-    },
-    /// Nothing to store (the record was dead-lettered); only the offset advances.
-    Skip {
-        /// Source partition.
-        pid: Pid,
-        /// Source offset.
-        offset: i64,
-    },
-}
-
-impl IngestOp {
-    fn position(&self) -> (Pid, i64) {
-        match self {
-            IngestOp::Schedule { pid, offset, .. }
-            | IngestOp::Cancel { pid, offset, .. }
-            | IngestOp::Skip { pid, offset } => (*pid, *offset),
-        }
-    }
-}
-
-/// Where a listing of the due index starts.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Position {
-    /// The first record due at or after this time.
-    Due(u64),
-    /// This record (a position returned by [`Store::list`]).
-    At(u64, RecordId),
-}
-
-/// The due time and id of the due-index entry under `iter`.
-fn due_entry_key(iter: &rocksdb::DBRawIterator<'_>) -> Result<(u64, RecordId)> {
-    let key = iter.key().unwrap_or_default();
-    split_due_key(key).ok_or_else(|| StoreError::Corrupt {
-        what: "due",
-        detail: format!("key of {} bytes", key.len()),
-    })
-}
-
-/// The target topic stored with the due-index entry under `iter`.
-fn due_entry_target(iter: &rocksdb::DBRawIterator<'_>) -> String {
-    String::from_utf8_lossy(iter.value().unwrap_or_default()).into_owned()
-}
-
-/// A page of a listing: (due, id, target) triples and where the next page starts.
-pub type Page = (Vec<(u64, RecordId, String)>, Option<Position>);
-
-/// What an ingest batch changed.
-#[derive(Debug, Default, Clone, PartialEq, Eq)]
-pub struct Applied {
-    /// New pending records to put in the wheel, as (due, id).
-    pub inserted: Vec<(u64, RecordId)>,
-    /// Pending records replaced by a newer one with the same id.
-    pub replaced: usize,
-    /// Pending records cancelled.
-    pub cancelled: usize,
-    /// Cancels whose id had nothing pending.
-    pub cancel_missed: usize,
-}
-
-#[derive(Debug, Default)]
-struct Partitions {
-    by_name: HashMap<(String, i32), Pid>,
-    by_pid: Vec<(String, i32)>,
-}
-
 /// The RocksDB store. Thread-safe; share it in an `Arc`.
+///
+/// # Locks
+/// | lock          | guards                                                    |
+/// |---------------|-----------------------------------------------------------|
+/// | `writes`      | every read-check-write, the index's writes, the counts    |
+/// | `due_garbage` | the gathered due-index keys                               |
+/// | `firing`      | the records kept in memory and the claims of records firing |
+/// | `partitions`  | the source partitions' names and ids                      |
+///
+/// Order: `writes` first; under it `due_garbage` or `firing`, never both at once; `partitions`
+/// last (nothing is locked while it is held). The fire path before publishing takes only
+/// `firing` (and `due_garbage` after it, alone, for timers whose record is gone); the delete
+/// after delivery `writes` then `due_garbage`, and `firing` once both are released.
+///
+/// The atomics are read without a lock and changed under `writes`.
 #[derive(Debug)]
 pub struct Store {
     db: DB,
     /// Which writes fsync the write-ahead log.
     wal: wal::WalSync,
     /// Serialises read-check-write sequences (see the module doc), and guards the counts.
-    mutex: Mutex<PendingStats>,
-    partitions: RwLock<Partitions>,
-    /// Records in the `records` column (exact: every change is counted under the mutex).
+    writes: Mutex<PendingStats>,
+    /// Due-index keys of records the delete after delivery removed, not deleted yet: they are
+    /// gathered (up to `gather::GATHER_DUE_DELETES`) and deleted together, so that adjacent
+    /// ones go as one range tombstone instead of a point tombstone each (delivery reports
+    /// arrive per target partition, whose records are every n-th in due order). Lost in a
+    /// crash: those entries then stay in the index, are loaded at start, find no record when
+    /// claimed and are gathered again.
+    due_garbage: Mutex<Vec<DueKey>>,
+    /// Records due soon, in memory as well (see [`near`]), and the records claimed for firing.
+    firing: Mutex<fire::Firing>,
+    /// Source partitions by name and by id.
+    partitions: RwLock<partitions::Partitions>,
+    /// Records in the `records` column (exact: every change is counted under `writes`).
     pending: AtomicI64,
-    /// No due-index entry lies below this due time (changed under `mutex`): the head seek starts
-    /// here, so it never walks over the tombstones of records already fired.
+    /// No due-index entry lies below this due time: the head seek starts here, so it never
+    /// walks over the tombstones of records already fired.
     low_water: AtomicU64,
     /// Pending records deleted or moved by anything but a delete after delivery (cancels,
-    /// replacements, operators' cancels and moves), counted under `mutex` once written. Records
-    /// read while it had some value, and claimed for publishing so that nothing else deletes
-    /// them after delivery, are all still there while it has that value: see
-    /// [`Store::remove_delivered`].
+    /// replacements, operators' cancels and moves), counted once written. Records read while
+    /// it had some value, and claimed, are all still there while it has that value: see
+    /// [`Store::delivered`].
     changes: AtomicU64,
-    /// Due-index keys of records the delete after delivery removed, not deleted yet: they are
-    /// gathered (up to `GATHER_DUE_DELETES`) and deleted together, so that adjacent ones go as
-    /// one range tombstone instead of a point tombstone each (delivery reports arrive per
-    /// target partition, whose records are every n-th in due order). Locked after `mutex` where
-    /// both are taken. Lost in a crash: those entries then stay in the index, are loaded at
-    /// start, find no record and are gathered again ([`Store::forget_due`]).
-    due_garbage: Mutex<Vec<[u8; 16]>>,
-    /// Records due soon, in memory as well (see [`near`]). Locked after `mutex` where both are
-    /// taken; the read before publishing takes only this one.
-    near: Mutex<near::Near>,
     /// [`StoreOptions::keep_within_ms`].
     keep_within_ms: u64,
     path: PathBuf,
@@ -279,16 +207,13 @@ impl Store {
         db_opts.create_missing_column_families(true);
         db_opts.set_max_background_jobs(2);
         db_opts.set_keep_log_file_num(4);
-        let mut records = Options::default();
-        records.set_compression_type(rocksdb::DBCompressionType::Lz4);
-        let cfs = vec![
-            ColumnFamilyDescriptor::new(CF_RECORDS, records),
-            ColumnFamilyDescriptor::new(CF_DUE, Options::default()),
-            ColumnFamilyDescriptor::new(CF_IDS, Options::default()),
-            ColumnFamilyDescriptor::new(CF_OFFSETS, Options::default()),
-            ColumnFamilyDescriptor::new(CF_META, Options::default()),
-            ColumnFamilyDescriptor::new(CF_COUNTS, Options::default()),
-        ];
+        let cfs = column::ALL.map(|name| {
+            let mut opts = Options::default();
+            if name == column::Records::NAME {
+                opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
+            }
+            ColumnFamilyDescriptor::new(name, opts)
+        });
         let db =
             DB::open_cf_descriptors(&db_opts, path, cfs).map_err(|source| StoreError::Open {
                 path: path.to_owned(),
@@ -297,18 +222,18 @@ impl Store {
         let store = Self {
             db,
             wal: wal::WalSync::new(options.sync, wal::DEFERRED_SYNC),
-            mutex: Mutex::new(PendingStats::default()),
-            partitions: RwLock::new(Partitions::default()),
+            writes: Mutex::new(PendingStats::default()),
+            due_garbage: Mutex::default(),
+            firing: Mutex::new(fire::Firing::new(options.keep_bytes)),
+            partitions: RwLock::default(),
             pending: AtomicI64::new(0),
             low_water: AtomicU64::new(0),
             changes: AtomicU64::new(0),
-            due_garbage: Mutex::default(),
-            near: Mutex::new(near::Near::new(options.keep_bytes)),
             keep_within_ms: options.keep_within_ms,
             path: path.to_owned(),
         };
         store.load_partitions()?;
-        let started = std::time::Instant::now();
+        let started = Instant::now();
         let (pending, scanned) = store.restore_counts()?;
         tracing::info!(
             pending,
@@ -324,24 +249,62 @@ impl Store {
         &self.path
     }
 
+    /// The handle of column `C`.
+    fn cf<C: Column>(&self) -> &ColumnFamily {
+        self.cf_named(C::NAME)
+    }
+
+    fn cf_named(&self, name: &str) -> &ColumnFamily {
+        // Every column family is created in `open`; a missing one is a programming error.
+        self.db
+            .cf_handle(name)
+            .unwrap_or_else(|| panic!("column family {name} was opened"))
+    }
+
+    /// An empty write batch.
+    fn batch(&self) -> Batch<'_> {
+        Batch::new(column::ALL.map(|name| self.cf_named(name)))
+    }
+
+    /// The value of `key` in column `C`.
+    fn get_pinned<C: Column>(
+        &self,
+        key: &C::Key,
+        op: &'static str,
+    ) -> Result<Option<rocksdb::DBPinnableSlice<'_>>> {
+        self.db.get_pinned_cf(self.cf::<C>(), key).map_err(io(op))
+    }
+
+    fn lock_writes(&self) -> std::sync::MutexGuard<'_, PendingStats> {
+        self.writes.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_firing(&self) -> std::sync::MutexGuard<'_, fire::Firing> {
+        self.firing.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn lock_garbage(&self) -> std::sync::MutexGuard<'_, Vec<DueKey>> {
+        self.due_garbage.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Writes `batch`, durable when it returns if `sync` is on: for writes whose loss would
     /// lose a record, an offset or an operator's change.
-    fn write_required(&self, batch: WriteBatch, op: &'static str) -> Result<()> {
+    fn write_required(&self, batch: Batch<'_>, op: &'static str) -> Result<()> {
         self.write(batch, self.wal.required(), op)
     }
 
     /// Writes `batch` whose loss in a power failure only repeats deliveries (see [`wal`]).
-    fn write_deferred(&self, batch: WriteBatch, op: &'static str) -> Result<()> {
+    fn write_deferred(&self, batch: Batch<'_>, op: &'static str) -> Result<()> {
         self.write(batch, self.wal.due(Instant::now()), op)
     }
 
-    fn write(&self, batch: WriteBatch, sync: bool, op: &'static str) -> Result<()> {
+    fn write(&self, batch: Batch<'_>, sync: bool, op: &'static str) -> Result<()> {
         let mut opts = WriteOptions::default();
         opts.set_sync(sync);
         if sync {
             self.wal.syncing();
         }
-        if let Err(e) = self.db.write_opt(batch, &opts) {
+        if let Err(e) = self.db.write_opt(batch.into_inner(), &opts) {
             if sync {
                 self.wal.failed();
             }
@@ -351,181 +314,9 @@ impl Store {
         Ok(())
     }
 
-    /// Whether a delete after delivery is still waiting for an fsync (only with `sync` on).
-    pub fn sync_owed(&self) -> bool {
-        self.wal.owed()
-    }
-
-    /// Syncs the write-ahead log if a delete after delivery went without it: the publisher
-    /// calls it when its deliveries pause, so that a power failure after a burst does not
-    /// deliver the burst's last records again.
-    ///
-    /// # Errors
-    /// The fsync failed; the debt stays.
-    pub fn sync_deferred(&self) -> Result<()> {
-        if self.wal.owed() {
-            self.wal.syncing();
-            if let Err(e) = self.db.flush_wal(true) {
-                self.wal.failed();
-                return Err(io("write-ahead log sync")(e));
-            }
-            self.wal.written(true, Instant::now());
-        }
-        Ok(())
-    }
-
-    fn cf(&self, name: &str) -> &rocksdb::ColumnFamily {
-        // Every column family is created in `open`; a missing one is a programming error.
-        self.db
-            .cf_handle(name)
-            .unwrap_or_else(|| panic!("column family {name} was opened"))
-    }
-
-    fn load_partitions(&self) -> Result<()> {
-        let mut parts = self.partitions.write().unwrap_or_else(|e| e.into_inner());
-        let mut found: Vec<(Pid, String, i32)> = Vec::new();
-        for item in self.db.prefix_iterator_cf(self.cf(CF_META), b"p") {
-            let (k, v) = item.map_err(io("meta scan"))?;
-            if !k.starts_with(b"p") {
-                break;
-            }
-            let corrupt = |detail: &str| StoreError::Corrupt {
-                what: "meta",
-                detail: detail.to_owned(),
-            };
-            let (topic, partition) =
-                split_partition_key(&k).ok_or_else(|| corrupt("bad partition key"))?;
-            let pid = Pid::from_be_bytes(
-                v.as_ref()
-                    .try_into()
-                    .map_err(|_| corrupt("bad partition id"))?,
-            );
-            found.push((pid, topic, partition));
-        }
-        found.sort();
-        for (i, (pid, topic, partition)) in found.into_iter().enumerate() {
-            if usize::from(pid) != i {
-                return Err(StoreError::Corrupt {
-                    what: "meta",
-                    detail: format!("partition ids are not dense at {pid}"),
-                });
-            }
-            parts.by_name.insert((topic.clone(), partition), pid);
-            parts.by_pid.push((topic, partition));
-        }
-        Ok(())
-    }
-
-    /// The id of a source partition, allocated (durably) on first sight.
-    ///
-    /// # Errors
-    /// [`StoreError::TooManyPartitions`] past 65,536 partitions, or a write failure.
-    pub fn partition_id(&self, topic: &str, partition: i32) -> Result<Pid> {
-        let name = (topic.to_owned(), partition);
-        if let Some(pid) = self
-            .partitions
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_name
-            .get(&name)
-        {
-            return Ok(*pid);
-        }
-        let mut parts = self.partitions.write().unwrap_or_else(|e| e.into_inner());
-        if let Some(pid) = parts.by_name.get(&name) {
-            return Ok(*pid);
-        }
-        let pid = Pid::try_from(parts.by_pid.len()).map_err(|_| StoreError::TooManyPartitions {
-            topic: topic.to_owned(),
-            partition,
-        })?;
-        let mut opts = WriteOptions::default();
-        opts.set_sync(true);
-        self.db
-            .put_cf_opt(
-                self.cf(CF_META),
-                partition_key(topic, partition),
-                pid.to_be_bytes(),
-                &opts,
-            )
-            .map_err(io("meta write"))?;
-        parts.by_name.insert(name.clone(), pid);
-        parts.by_pid.push(name);
-        Ok(pid)
-    }
-
-    /// The (topic, partition) of a partition id.
-    pub fn partition_of(&self, pid: Pid) -> Option<(String, i32)> {
-        self.with_partition(pid, |topic, partition| (topic.to_owned(), partition))
-    }
-
-    /// `f(topic, partition)` of a partition id, with the topic read in place (no copy).
-    pub fn with_partition<R>(&self, pid: Pid, f: impl FnOnce(&str, i32) -> R) -> Option<R> {
-        let parts = self.partitions.read().unwrap_or_else(|e| e.into_inner());
-        let (topic, partition) = parts.by_pid.get(usize::from(pid))?;
-        Some(f(topic, *partition))
-    }
-
-    /// The id of a source partition already seen, without allocating one.
-    pub fn lookup_partition(&self, topic: &str, partition: i32) -> Option<Pid> {
-        self.partitions
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .by_name
-            .get(&(topic.to_owned(), partition))
-            .copied()
-    }
-
-    /// The next offset to ingest of one source partition, if one is stored.
-    ///
-    /// # Errors
-    /// A read failure or a corrupt entry.
-    pub fn next_offset(&self, pid: Pid) -> Result<Option<i64>> {
-        let Some(v) = self
-            .db
-            .get_pinned_cf(self.cf(CF_OFFSETS), pid.to_be_bytes())
-            .map_err(io("offset read"))?
-        else {
-            return Ok(None);
-        };
-        let bytes = <[u8; 8]>::try_from(v.as_ref()).map_err(|_| StoreError::Corrupt {
-            what: "offsets",
-            detail: "value is not 8 bytes".into(),
-        })?;
-        Ok(Some(i64::from_be_bytes(bytes)))
-    }
-
-    /// The next offset to ingest for each source partition that has one stored.
-    ///
-    /// # Errors
-    /// A read failure or a corrupt entry.
-    pub fn next_offsets(&self) -> Result<HashMap<Pid, i64>> {
-        let mut out = HashMap::new();
-        for item in self
-            .db
-            .iterator_cf(self.cf(CF_OFFSETS), rocksdb::IteratorMode::Start)
-        {
-            let (k, v) = item.map_err(io("offsets scan"))?;
-            let (Ok(pid), Ok(off)) = (
-                <[u8; 2]>::try_from(k.as_ref()),
-                <[u8; 8]>::try_from(v.as_ref()),
-            ) else {
-                return Err(StoreError::Corrupt {
-                    what: "offsets",
-                    detail: "bad key or value length".into(),
-                });
-            };
-            out.insert(Pid::from_be_bytes(pid), i64::from_be_bytes(off));
-        }
-        Ok(out)
-    }
-
     /// Pending counts by target and due bucket, as of `now_ms`.
     pub fn pending_stats(&self, now_ms: u64) -> Snapshot {
-        self.mutex
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .snapshot(now_ms)
+        self.lock_writes().snapshot(now_ms)
     }
 
     /// Records pending: restored at open, then counted with every write.
@@ -541,7 +332,7 @@ impl Store {
     pub fn flush(&self) -> Result<()> {
         self.delete_gathered_locked();
         self.db.flush_wal(true).map_err(io("WAL flush"))?;
-        let cfs: Vec<_> = ALL_CFS.iter().map(|name| self.cf(name)).collect();
+        let cfs = column::ALL.map(|name| self.cf_named(name));
         self.db
             .flush_cfs_opt(&cfs, &rocksdb::FlushOptions::default())
             .map_err(io("flush"))
@@ -549,14 +340,19 @@ impl Store {
 
     /// Bytes on disk (SST files) plus in memtables, over every column family.
     pub fn size_bytes(&self) -> u64 {
-        ALL_CFS
+        column::ALL
             .iter()
             .flat_map(|cf| {
                 [
                     "rocksdb.total-sst-files-size",
                     "rocksdb.cur-size-all-mem-tables",
                 ]
-                .map(|p| self.db.property_int_value_cf(self.cf(cf), p).ok().flatten())
+                .map(|p| {
+                    self.db
+                        .property_int_value_cf(self.cf_named(cf), p)
+                        .ok()
+                        .flatten()
+                })
             })
             .map(Option::unwrap_or_default)
             .sum()

@@ -3,7 +3,7 @@
 //! at full throughput, BENCHMARKS.md, "What was tried").
 //!
 //! A copy, never the only one: every record here is also in the `records` column, and a record
-//! not found here is read from there. The store keeps it true (see `Store::get_for_firing`):
+//! not found here is read from there. The store keeps it true (see `Store::claim`):
 //! - a record goes in with the batch that writes it, under the store's mutex, just before the
 //!   write (so nothing can find it in RocksDB without finding the copy, and fire it twice: once
 //!   read, once from a copy kept after the read), and only if it is due by the cut-off ingest

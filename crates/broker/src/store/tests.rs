@@ -2,6 +2,7 @@ use super::*;
 use crate::record::Header;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 use tempfile::TempDir;
 
@@ -24,6 +25,23 @@ fn sched_to(target: &str, id: Option<&str>, due: u64, value: &str) -> StoredReco
     )
 }
 
+/// The store's change count now.
+fn changes(store: &Store) -> u64 {
+    store.changes.load(Ordering::Acquire)
+}
+
+/// Claims and reads the records of `timers` as the publisher does; none may fail to be read.
+fn fire(store: &Store, timers: &[(u64, RecordId)]) -> FireBatch {
+    store
+        .claim_and_read(timers.iter().copied())
+        .expect("read for firing")
+}
+
+/// The records of a fire batch as the delete after delivery takes them.
+fn fired(batch: &FireBatch) -> Vec<(RecordId, &StoredRecord)> {
+    batch.records.iter().map(|f| (f.id, &f.record)).collect()
+}
+
 fn pending(store: &Store) -> Vec<(u64, RecordId)> {
     let mut out = Vec::new();
     store.scan_due(|d, r| out.push((d, r))).unwrap();
@@ -38,11 +56,14 @@ fn a_scheduled_record_survives_reopen_with_its_offset() {
         let store = open(&dir);
         let pid = store.partition_id("delay.in", 3).unwrap();
         let applied = store
-            .apply(&[IngestOp::Schedule {
-                pid,
-                offset: 41,
-                schedule: sched(None, 1_000, "v"),
-            }])
+            .apply(
+                &[IngestOp::Schedule {
+                    pid,
+                    offset: 41,
+                    schedule: sched(None, 1_000, "v"),
+                }],
+                0,
+            )
             .unwrap();
         rid = applied.inserted[0].1;
         assert_eq!(
@@ -70,26 +91,32 @@ fn the_same_id_replaces_and_a_cancel_removes_in_the_same_partition_only() {
     let p0 = store.partition_id("delay.in", 0).unwrap();
     let p1 = store.partition_id("delay.in", 1).unwrap();
     let a = store
-        .apply(&[
-            IngestOp::Schedule {
-                pid: p0,
-                offset: 0,
-                schedule: sched(Some("x"), 500, "first"),
-            },
-            IngestOp::Schedule {
-                pid: p1,
-                offset: 0,
-                schedule: sched(Some("x"), 600, "other partition"),
-            },
-        ])
+        .apply(
+            &[
+                IngestOp::Schedule {
+                    pid: p0,
+                    offset: 0,
+                    schedule: sched(Some("x"), 500, "first"),
+                },
+                IngestOp::Schedule {
+                    pid: p1,
+                    offset: 0,
+                    schedule: sched(Some("x"), 600, "other partition"),
+                },
+            ],
+            0,
+        )
         .unwrap();
     assert_eq!(a.replaced, 0);
     let b = store
-        .apply(&[IngestOp::Schedule {
-            pid: p0,
-            offset: 1,
-            schedule: sched(Some("x"), 900, "second"),
-        }])
+        .apply(
+            &[IngestOp::Schedule {
+                pid: p0,
+                offset: 1,
+                schedule: sched(Some("x"), 900, "second"),
+            }],
+            0,
+        )
         .unwrap();
     assert_eq!(b.replaced, 1);
     let first = a.inserted[0].1;
@@ -97,18 +124,21 @@ fn the_same_id_replaces_and_a_cancel_removes_in_the_same_partition_only() {
     assert_eq!(store.get(&[first]).unwrap(), vec![None]);
     assert_eq!(pending(&store), vec![(600, a.inserted[1].1), (900, second)]);
     let c = store
-        .apply(&[
-            IngestOp::Cancel {
-                pid: p0,
-                offset: 2,
-                id: b"x".to_vec(),
-            },
-            IngestOp::Cancel {
-                pid: p0,
-                offset: 3,
-                id: b"nothing".to_vec(),
-            },
-        ])
+        .apply(
+            &[
+                IngestOp::Cancel {
+                    pid: p0,
+                    offset: 2,
+                    id: b"x".to_vec(),
+                },
+                IngestOp::Cancel {
+                    pid: p0,
+                    offset: 3,
+                    id: b"nothing".to_vec(),
+                },
+            ],
+            0,
+        )
         .unwrap();
     assert_eq!((c.cancelled, c.cancel_missed), (1, 1));
     assert_eq!(pending(&store), vec![(600, a.inserted[1].1)]);
@@ -122,28 +152,31 @@ fn reschedule_and_cancel_in_one_batch_see_each_other() {
     let store = open(&dir);
     let p = store.partition_id("delay.in", 0).unwrap();
     let a = store
-        .apply(&[
-            IngestOp::Schedule {
-                pid: p,
-                offset: 0,
-                schedule: sched(Some("x"), 500, "1"),
-            },
-            IngestOp::Schedule {
-                pid: p,
-                offset: 1,
-                schedule: sched(Some("x"), 700, "2"),
-            },
-            IngestOp::Cancel {
-                pid: p,
-                offset: 2,
-                id: b"x".to_vec(),
-            },
-            IngestOp::Schedule {
-                pid: p,
-                offset: 3,
-                schedule: sched(Some("x"), 800, "3"),
-            },
-        ])
+        .apply(
+            &[
+                IngestOp::Schedule {
+                    pid: p,
+                    offset: 0,
+                    schedule: sched(Some("x"), 500, "1"),
+                },
+                IngestOp::Schedule {
+                    pid: p,
+                    offset: 1,
+                    schedule: sched(Some("x"), 700, "2"),
+                },
+                IngestOp::Cancel {
+                    pid: p,
+                    offset: 2,
+                    id: b"x".to_vec(),
+                },
+                IngestOp::Schedule {
+                    pid: p,
+                    offset: 3,
+                    schedule: sched(Some("x"), 800, "3"),
+                },
+            ],
+            0,
+        )
         .unwrap();
     assert_eq!((a.replaced, a.cancelled), (1, 1));
     assert_eq!(pending(&store), vec![(800, RecordId::new(p, 3).unwrap())]);
@@ -156,45 +189,54 @@ fn removing_a_fired_record_keeps_a_newer_mapping_of_its_id() {
     let store = open(&dir);
     let p = store.partition_id("delay.in", 0).unwrap();
     let old = store
-        .apply(&[IngestOp::Schedule {
-            pid: p,
-            offset: 0,
-            schedule: sched(Some("x"), 500, "old"),
-        }])
+        .apply(
+            &[IngestOp::Schedule {
+                pid: p,
+                offset: 0,
+                schedule: sched(Some("x"), 500, "old"),
+            }],
+            0,
+        )
         .unwrap()
         .inserted[0]
         .1;
-    let old_rec = store.get(&[old]).unwrap()[0].clone().unwrap();
+    let firing = fire(&store, &[(500, old)]);
+    assert_eq!(firing.records.len(), 1);
     // While `old` is being delivered, a reschedule arrives.
     let new = store
-        .apply(&[IngestOp::Schedule {
-            pid: p,
-            offset: 1,
-            schedule: sched(Some("x"), 900, "new"),
-        }])
+        .apply(
+            &[IngestOp::Schedule {
+                pid: p,
+                offset: 1,
+                schedule: sched(Some("x"), 900, "new"),
+            }],
+            0,
+        )
         .unwrap()
         .inserted[0]
         .1;
     assert_eq!(
-        store.remove_fired(&[(old, &old_rec)]).unwrap(),
+        store.delivered(&fired(&firing), firing.read_at).unwrap(),
         0,
         "already replaced"
     );
     // The new mapping still works: a cancel finds it.
     let c = store
-        .apply(&[IngestOp::Cancel {
-            pid: p,
-            offset: 2,
-            id: b"x".to_vec(),
-        }])
+        .apply(
+            &[IngestOp::Cancel {
+                pid: p,
+                offset: 2,
+                id: b"x".to_vec(),
+            }],
+            0,
+        )
         .unwrap();
     assert_eq!(c.cancelled, 1);
     assert_eq!(store.get(&[new]).unwrap(), vec![None]);
 }
 
-/// Three records read for publishing (the publisher has claimed them), with the change count
-/// read before.
-fn read_three(store: &Store, id: Option<&str>) -> (u64, Vec<(RecordId, StoredRecord)>) {
+/// Three records claimed and read for publishing, with the change count they were read at.
+fn read_three(store: &Store, id: Option<&str>) -> (ReadMark, Vec<(RecordId, StoredRecord)>) {
     let p = store.partition_id("delay.in", 0).unwrap();
     let first = store.next_offset(p).unwrap().unwrap_or(0);
     let ops: Vec<IngestOp> = (first..first + 3)
@@ -204,20 +246,15 @@ fn read_three(store: &Store, id: Option<&str>) -> (u64, Vec<(RecordId, StoredRec
             schedule: sched(if i == first { id } else { None }, 100 + i as u64, "v"),
         })
         .collect();
-    let ids: Vec<RecordId> = store
-        .apply(&ops)
-        .unwrap()
-        .inserted
-        .iter()
-        .map(|e| e.1)
-        .collect();
-    let read_at = store.changes();
-    let records = store.get(&ids).unwrap();
-    let read = ids
+    let timers = store.apply(&ops, 0).unwrap().inserted;
+    let firing = fire(store, &timers);
+    assert_eq!(firing.records.len(), 3);
+    let read = firing
+        .records
         .into_iter()
-        .zip(records.into_iter().map(Option::unwrap))
+        .map(|f| (f.id, f.record))
         .collect();
-    (read_at, read)
+    (firing.read_at, read)
 }
 
 /// Pending records by target, added up (the counts kept beside the records).
@@ -235,10 +272,10 @@ fn a_delete_after_delivery_with_nothing_changed_since_the_read_removes_every_rec
     let store = open(&dir);
     let (read_at, read) = read_three(&store, None);
     // Other records delivered meanwhile do not change the count.
-    let (_, others) = read_three(&store, None);
-    assert_eq!(store.remove_fired(&refs(&others)).unwrap(), 3);
-    assert_eq!(store.changes(), read_at);
-    assert_eq!(store.remove_delivered(&refs(&read), read_at).unwrap(), 3);
+    let (others_at, others) = read_three(&store, None);
+    assert_eq!(store.delivered(&refs(&others), others_at).unwrap(), 3);
+    assert_eq!(changes(&store), read_at.0);
+    assert_eq!(store.delivered(&refs(&read), read_at).unwrap(), 3);
     assert_eq!(store.pending(), 0);
     assert_eq!(by_target_total(&store), 0);
     let ids: Vec<RecordId> = read.iter().map(|r| r.0).collect();
@@ -252,25 +289,25 @@ fn with_sync_a_delete_after_delivery_defers_its_fsync_until_a_synced_write_or_a_
     // An hour between the deletes' own fsyncs, so that the interval never runs out here.
     store.wal = wal::WalSync::new(true, Duration::from_secs(3600));
     let (read_at, read) = read_three(&store, None);
-    assert!(!store.sync_owed(), "the ingest write synced");
-    assert_eq!(store.remove_delivered(&refs(&read), read_at).unwrap(), 3);
+    assert!(store.sync_owed().is_none(), "the ingest write synced");
+    assert_eq!(store.delivered(&refs(&read), read_at).unwrap(), 3);
     assert!(
-        store.sync_owed(),
+        store.sync_owed().is_some(),
         "a delete inside the interval waits for its fsync"
     );
     // The next ingest write syncs the log, and with it the delete written before.
     let (read_at, second) = read_three(&store, None);
-    assert!(!store.sync_owed());
-    store.remove_delivered(&refs(&second), read_at).unwrap();
-    assert!(store.sync_owed());
+    assert!(store.sync_owed().is_none());
+    store.delivered(&refs(&second), read_at).unwrap();
+    assert!(store.sync_owed().is_some());
     // A pause in deliveries pays it.
-    store.sync_deferred().unwrap();
-    assert!(!store.sync_owed());
+    store.sync_if_owed().unwrap();
+    assert!(store.sync_owed().is_none());
     // Once the interval has run out, a delete syncs by itself.
     let (read_at, third) = read_three(&store, None);
     store.wal = wal::WalSync::new(true, Duration::ZERO);
-    store.remove_delivered(&refs(&third), read_at).unwrap();
-    assert!(!store.sync_owed());
+    store.delivered(&refs(&third), read_at).unwrap();
+    assert!(store.sync_owed().is_none());
     drop(store);
     // Everything deleted is gone after a reopen, whether its own write synced or not.
     let store = open(&dir);
@@ -283,8 +320,8 @@ fn without_sync_nothing_is_ever_owed() {
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
     let (read_at, read) = read_three(&store, None);
-    store.remove_delivered(&refs(&read), read_at).unwrap();
-    assert!(!store.sync_owed());
+    store.delivered(&refs(&read), read_at).unwrap();
+    assert!(store.sync_owed().is_none());
 }
 
 #[test]
@@ -294,8 +331,8 @@ fn a_delete_after_delivery_checks_again_once_a_record_was_cancelled_replaced_or_
     let store = open(&dir);
     let (read_at, read) = read_three(&store, None);
     assert!(store.cancel(read[1].0).unwrap().is_some());
-    assert_ne!(store.changes(), read_at);
-    assert_eq!(store.remove_delivered(&refs(&read), read_at).unwrap(), 2);
+    assert_ne!(changes(&store), read_at.0);
+    assert_eq!(store.delivered(&refs(&read), read_at).unwrap(), 2);
     assert_eq!(store.pending(), 0);
     assert_eq!(by_target_total(&store), 0);
 
@@ -305,14 +342,17 @@ fn a_delete_after_delivery_checks_again_once_a_record_was_cancelled_replaced_or_
     let (read_at, read) = read_three(&store, Some("x"));
     let p = store.lookup_partition("delay.in", 0).unwrap();
     let applied = store
-        .apply(&[IngestOp::Schedule {
-            pid: p,
-            offset: 3,
-            schedule: sched(Some("x"), 900, "new"),
-        }])
+        .apply(
+            &[IngestOp::Schedule {
+                pid: p,
+                offset: 3,
+                schedule: sched(Some("x"), 900, "new"),
+            }],
+            0,
+        )
         .unwrap();
     assert_eq!(applied.replaced, 1);
-    assert_eq!(store.remove_delivered(&refs(&read), read_at).unwrap(), 2);
+    assert_eq!(store.delivered(&refs(&read), read_at).unwrap(), 2);
     assert_eq!(store.pending(), 1, "the replacement is still pending");
     assert_eq!(by_target_total(&store), 1);
 
@@ -322,8 +362,8 @@ fn a_delete_after_delivery_checks_again_once_a_record_was_cancelled_replaced_or_
     let store = open(&dir);
     let (read_at, read) = read_three(&store, None);
     assert_eq!(store.reschedule(read[2].0, 3_600_000).unwrap(), Some(102));
-    assert_ne!(store.changes(), read_at);
-    assert_eq!(store.remove_delivered(&refs(&read), read_at).unwrap(), 3);
+    assert_ne!(changes(&store), read_at.0);
+    assert_eq!(store.delivered(&refs(&read), read_at).unwrap(), 3);
     assert_eq!(store.pending(), 0);
     assert_eq!(store.pending_stats(0).by_due, [0; 5]);
     assert_eq!(by_target_total(&store), 0);
@@ -360,11 +400,14 @@ fn crash_after_the_batch_before_the_offset_commit_neither_loses_nor_duplicates()
         let store = open(&dir);
         pid = store.partition_id("delay.in", 0).unwrap();
         store
-            .apply(&[IngestOp::Schedule {
-                pid,
-                offset: 0,
-                schedule: sched(None, 500, "v"),
-            }])
+            .apply(
+                &[IngestOp::Schedule {
+                    pid,
+                    offset: 0,
+                    schedule: sched(None, 500, "v"),
+                }],
+                0,
+            )
             .unwrap();
         // crash: Kafka's offset was not committed, the wheel insert never happened
     }
@@ -385,16 +428,20 @@ fn crash_after_delivery_before_the_delete_fires_again_after_restart() {
         let store = open(&dir);
         let pid = store.partition_id("delay.in", 0).unwrap();
         rid = store
-            .apply(&[IngestOp::Schedule {
-                pid,
-                offset: 0,
-                schedule: sched(None, 500, "v"),
-            }])
+            .apply(
+                &[IngestOp::Schedule {
+                    pid,
+                    offset: 0,
+                    schedule: sched(None, 500, "v"),
+                }],
+                0,
+            )
             .unwrap()
             .inserted[0]
             .1;
-        let _for_produce = store.get(&[rid]).unwrap();
-        // produced, delivery report received ... crash before remove_fired
+        let firing = fire(&store, &[(500, rid)]);
+        assert_eq!(firing.records.len(), 1);
+        // produced, delivery report received ... crash before `delivered`
     }
     let store = open(&dir);
     assert_eq!(
@@ -407,33 +454,45 @@ fn crash_after_delivery_before_the_delete_fires_again_after_restart() {
 #[test]
 fn crash_after_the_delete_does_not_fire_again() {
     let dir = TempDir::new().unwrap();
+    let rid;
     {
         let store = open(&dir);
         let pid = store.partition_id("delay.in", 0).unwrap();
-        let rid = store
-            .apply(&[IngestOp::Schedule {
-                pid,
-                offset: 0,
-                schedule: sched(Some("x"), 500, "v"),
-            }])
+        rid = store
+            .apply(
+                &[IngestOp::Schedule {
+                    pid,
+                    offset: 0,
+                    schedule: sched(Some("x"), 500, "v"),
+                }],
+                0,
+            )
             .unwrap()
             .inserted[0]
             .1;
-        let rec = store.get(&[rid]).unwrap()[0].clone().unwrap();
-        assert_eq!(store.remove_fired(&[(rid, &rec)]).unwrap(), 1);
-        // crash right after the delete batch
+        let firing = fire(&store, &[(500, rid)]);
+        assert_eq!(store.delivered(&fired(&firing), firing.read_at).unwrap(), 1);
+        // crash right after the delete batch, its due-index entry still gathered
     }
     let store = open(&dir);
-    assert!(pending(&store).is_empty());
     assert_eq!(store.pending(), 0);
+    // The entry left in the index is loaded into the wheel; when it comes up there is nothing
+    // to publish, and it is forgotten.
+    let again = fire(&store, &[(500, rid)]);
+    assert!(again.records.is_empty());
+    assert_eq!(again.gone, vec![rid]);
+    assert!(pending(&store).is_empty());
     // The id mapping went with it: a cancel of "x" finds nothing.
     let pid = store.partition_id("delay.in", 0).unwrap();
     let c = store
-        .apply(&[IngestOp::Cancel {
-            pid,
-            offset: 1,
-            id: b"x".to_vec(),
-        }])
+        .apply(
+            &[IngestOp::Cancel {
+                pid,
+                offset: 1,
+                id: b"x".to_vec(),
+            }],
+            0,
+        )
         .unwrap();
     assert_eq!(c.cancel_missed, 1);
 }
@@ -508,7 +567,7 @@ proptest! {
         let options = StoreOptions { sync: false, keep_within_ms: 50, keep_bytes };
         let open = |dir: &TempDir| Store::open(dir.path(), options).expect("open store");
         // Records arrive at 0: those due by 50 are kept in memory as well.
-        let apply = |store: &Store, ops: &[IngestOp]| store.apply_at(ops, 0).map(|_| ());
+        let apply = |store: &Store, ops: &[IngestOp]| store.apply(ops, 0).map(|_| ());
         let mut store = open(&dir);
         let pid = store.partition_id("delay.in", 0).unwrap();
         // (due, id) -> (delay-id, target)
@@ -549,30 +608,24 @@ proptest! {
                     // Every third one stays behind unless `keep` is 3: delivered records with
                     // pending ones between them, as when deliveries finish out of order.
                     let stays = |r: &RecordId| r.offset() as u64 % 3 == keep;
-                    let due: Vec<RecordId> = pending(&store).into_iter().filter(|(d, r)| *d <= upto && !stays(r)).map(|(_, r)| r).collect();
-                    let read_at = store.changes();
-                    let recs = store.get_for_firing(&due).unwrap();
+                    let due: Vec<(u64, RecordId)> = pending(&store).into_iter().filter(|(d, r)| *d <= upto && !stays(r)).collect();
+                    let firing = fire(&store, &due);
                     // What the publisher reads is the record as it is now: pending, at its
                     // current due time.
-                    for (r, rec) in due.iter().zip(&recs) {
-                        let rec = rec.as_ref().expect("pending records are read");
-                        prop_assert!(model.contains_key(&(rec.due_ms(), *r)), "{r:?} read at {}", rec.due_ms());
+                    prop_assert_eq!(firing.records.len(), due.len());
+                    for f in &firing.records {
+                        prop_assert!(model.contains_key(&(f.record.due_ms(), f.id)), "{:?} read at {}", f.id, f.record.due_ms());
                     }
                     // And the wheel's stale timers (records cancelled, replaced or delivered)
                     // read nothing.
-                    let gone: Vec<RecordId> = (0..offset)
-                        .map(|o| RecordId::new(pid, o).unwrap())
-                        .filter(|r| !model.keys().any(|(_, m)| m == r))
+                    let gone: Vec<(u64, RecordId)> = (0..offset)
+                        .map(|o| (upto, RecordId::new(pid, o).unwrap()))
+                        .filter(|(_, r)| !model.keys().any(|(_, m)| m == r))
                         .collect();
-                    prop_assert!(store.get_for_firing(&gone).unwrap().iter().all(Option::is_none), "a gone record was read");
-                    let fired: Vec<(RecordId, &StoredRecord)> = due.iter().zip(recs.iter()).filter_map(|(r, rec)| rec.as_ref().map(|rec| (*r, rec))).collect();
-                    // The publisher's delete (its due-index entries gathered) or the one that
-                    // deletes them at once.
-                    if keep % 2 == 0 {
-                        store.remove_delivered(&fired, read_at).unwrap();
-                    } else {
-                        store.remove_fired(&fired).unwrap();
-                    }
+                    let stale = fire(&store, &gone);
+                    prop_assert!(stale.records.is_empty(), "a gone record was read");
+                    prop_assert_eq!(stale.gone.len(), gone.len());
+                    store.delivered(&fired(&firing), firing.read_at).unwrap();
                     model.retain(|(d, r), _| *d > upto || stays(r));
                 }
                 Op::Reopen => {
@@ -629,16 +682,12 @@ fn a_data_directory_without_kept_counts_is_counted_once_and_then_read_back() {
                 }
             })
             .collect();
-        store.apply(&ops).unwrap();
+        store.apply(&ops, 0).unwrap();
         // What a data directory written before counts were kept looks like.
-        store.db.delete_cf(store.cf(CF_META), COUNTS_KEPT).unwrap();
-        let mut wipe = rocksdb::WriteBatch::default();
-        wipe.delete_range_cf(
-            store.cf(CF_COUNTS),
-            [0u8].as_slice(),
-            [0xffu8; 9].as_slice(),
-        );
-        store.db.write(wipe).unwrap();
+        let mut wipe = store.batch();
+        wipe.delete::<column::Meta>(&codec::MetaKey::counts_kept());
+        wipe.clear_counts();
+        store.write_required(wipe, "test wipe").unwrap();
     }
     let store = open(&dir);
     assert_eq!(store.pending(), 10);
@@ -671,7 +720,7 @@ fn listing_pages_through_the_due_index_with_filters_and_a_budget() {
             }
         })
         .collect();
-    store.apply(&ops).unwrap();
+    store.apply(&ops, 0).unwrap();
     // Page through the odd ones, 2 at a time.
     let mut from = Position::Due(0);
     let mut seen = Vec::new();
@@ -726,7 +775,7 @@ fn due_ranges_are_bounded_on_both_sides_and_resume_after_the_last_entry() {
             schedule: sched(None, 1_000 + (i as u64 / 2) * 100, "v"),
         })
         .collect();
-    store.apply(&ops).unwrap();
+    store.apply(&ops, 0).unwrap();
     let rid = |o| RecordId::new(pid, o).unwrap();
     // [1_100, 1_300): the four entries due at 1_100 and 1_200, in order.
     let all = store.due_range((1_100, RecordId(0)), 1_300, 100).unwrap();
@@ -762,21 +811,20 @@ fn the_head_seek_skips_fired_records_and_still_sees_a_later_insert_below_the_low
             schedule: sched(None, 10_000 + i as u64, "v"),
         })
         .collect();
-    let inserted = store.apply(&ops).unwrap().inserted;
-    let fired: Vec<(RecordId, StoredRecord)> = inserted[..900]
-        .iter()
-        .map(|&(_, r)| (r, store.get(&[r]).unwrap()[0].clone().unwrap()))
-        .collect();
-    let refs: Vec<(RecordId, &StoredRecord)> = fired.iter().map(|(r, s)| (*r, s)).collect();
-    store.remove_fired(&refs).unwrap();
+    let inserted = store.apply(&ops, 0).unwrap().inserted;
+    let firing = fire(&store, &inserted[..900]);
+    store.delivered(&fired(&firing), firing.read_at).unwrap();
     assert_eq!(store.earliest_due().unwrap(), Some(10_900));
     // The low-water mark is now 10_900; an overdue record arrives below it.
     store
-        .apply(&[IngestOp::Schedule {
-            pid,
-            offset: 1_000,
-            schedule: sched(None, 5_000, "late"),
-        }])
+        .apply(
+            &[IngestOp::Schedule {
+                pid,
+                offset: 1_000,
+                schedule: sched(None, 5_000, "late"),
+            }],
+            0,
+        )
         .unwrap();
     assert_eq!(store.earliest_due().unwrap(), Some(5_000));
     let rid = RecordId::new(pid, 1_000).unwrap();
@@ -794,7 +842,7 @@ fn the_head_seek_skips_fired_records_and_still_sees_a_later_insert_below_the_low
 fn raw_due_entries(store: &Store) -> usize {
     store
         .db
-        .iterator_cf(store.cf(CF_DUE), rocksdb::IteratorMode::Start)
+        .iterator_cf(store.cf::<column::Due>(), rocksdb::IteratorMode::Start)
         .count()
 }
 
@@ -810,11 +858,10 @@ fn due_entries_of_delivered_records_are_gathered_deleted_as_ranges_and_forgotten
             schedule: sched(None, 1_000 + i as u64, "v"),
         })
         .collect();
-    let all = store.apply(&ops).unwrap().inserted;
-    let read_at = store.changes();
-    let ids: Vec<RecordId> = all.iter().map(|e| e.1).collect();
-    let records: Vec<StoredRecord> = store.get(&ids).unwrap().into_iter().flatten().collect();
-    let read: Vec<(RecordId, &StoredRecord)> = ids.iter().copied().zip(&records).collect();
+    let all = store.apply(&ops, 0).unwrap().inserted;
+    let firing = fire(&store, &all);
+    let read_at = firing.read_at;
+    let read = fired(&firing);
     let offsets = |pick: &dyn Fn(i64) -> bool| -> Vec<(RecordId, &StoredRecord)> {
         read.iter()
             .copied()
@@ -826,7 +873,7 @@ fn due_entries_of_delivered_records_are_gathered_deleted_as_ranges_and_forgotten
     let delivered = |o: i64| o <= 20 && o != 7 && o != 15;
     for (n, part) in [1, 2, 3, 0].into_iter().enumerate() {
         let batch = offsets(&|o| delivered(o) && o % 4 == part);
-        store.remove_delivered(&batch, read_at).unwrap();
+        store.delivered(&batch, read_at).unwrap();
         if n < 3 {
             // 13 gathered, under the 16 gathered before a delete in tests.
             assert_eq!(raw_due_entries(&store), 40, "gathered after report {n}");
@@ -836,29 +883,30 @@ fn due_entries_of_delivered_records_are_gathered_deleted_as_ranges_and_forgotten
     assert_eq!(raw_due_entries(&store), 22);
     let point_deletes = store
         .db
-        .property_int_value_cf(store.cf(CF_DUE), "rocksdb.num-deletes-active-mem-table")
+        .property_int_value_cf(
+            store.cf::<column::Due>(),
+            "rocksdb.num-deletes-active-mem-table",
+        )
         .unwrap();
     assert_eq!(point_deletes, Some(0));
     assert_eq!(store.pending(), 22);
     assert_eq!(by_target_total(&store), 22);
     // One more, gathered: the head seek deletes what was gathered before it looks.
-    store
-        .remove_delivered(&offsets(&|o| o == 21), read_at)
-        .unwrap();
+    store.delivered(&offsets(&|o| o == 21), read_at).unwrap();
     assert_eq!(raw_due_entries(&store), 22);
     assert_eq!(store.earliest_due().unwrap(), Some(1_007));
     assert_eq!(raw_due_entries(&store), 21);
     // A crash with an entry gathered: it is still in the index after the restart, its record
     // is not; the publisher finds nothing to publish for it and forgets it.
-    store
-        .remove_delivered(&offsets(&|o| o == 22), read_at)
-        .unwrap();
+    store.delivered(&offsets(&|o| o == 22), read_at).unwrap();
     drop(store);
     store = open(&dir);
     assert_eq!(store.pending(), 20, "the counts went with the records");
     assert_eq!(raw_due_entries(&store), 21);
     assert_eq!(store.get(&[all[21].1]).unwrap(), vec![None]);
-    store.forget_due([all[21]]);
+    let stale = fire(&store, &[all[21]]);
+    assert!(stale.records.is_empty());
+    assert_eq!(stale.gone, vec![all[21].1]);
     let want: Vec<(u64, RecordId)> = all
         .iter()
         .copied()
@@ -871,11 +919,14 @@ fn due_entries_of_delivered_records_are_gathered_deleted_as_ranges_and_forgotten
     assert_eq!(raw_due_entries(&store), 20);
     // A later record inside a deleted range is there.
     let later = store
-        .apply(&[IngestOp::Schedule {
-            pid: p,
-            offset: 41,
-            schedule: sched(None, 1_003, "later"),
-        }])
+        .apply(
+            &[IngestOp::Schedule {
+                pid: p,
+                offset: 41,
+                schedule: sched(None, 1_003, "later"),
+            }],
+            0,
+        )
         .unwrap()
         .inserted[0];
     assert_eq!(pending(&store)[0], later);
@@ -899,7 +950,7 @@ fn records_due_soon_fire_from_memory_and_leave_it_before_a_cancel_or_move_reache
     let rid = |offset| RecordId::new(pid, offset).unwrap();
     // Arriving at 1,000: due by 2,000 is kept, 5,000 is not.
     store
-        .apply_at(
+        .apply(
             &[
                 at(0, 1_500, None),
                 at(1, 1_500, Some("x")),
@@ -920,23 +971,37 @@ fn records_due_soon_fire_from_memory_and_leave_it_before_a_cancel_or_move_reache
         Some(sched(None, 1_500, "v"))
     );
     assert_eq!(store.kept_in_memory().0, 1);
-    let got = store
-        .get_for_firing(&[rid(0), rid(1), rid(2), rid(3)])
-        .unwrap();
-    let dues: Vec<Option<u64>> = got.iter().map(|r| r.as_ref().map(|r| r.due_ms())).collect();
-    assert_eq!(dues, vec![Some(1_500), None, Some(1_900), Some(5_000)]);
+    let got = fire(
+        &store,
+        &[
+            (1_500, rid(0)),
+            (1_500, rid(1)),
+            (1_900, rid(2)),
+            (5_000, rid(3)),
+        ],
+    );
+    let dues: Vec<(RecordId, u64)> = got
+        .records
+        .iter()
+        .map(|f| (f.id, f.record.due_ms()))
+        .collect();
     assert_eq!(
-        got[0],
-        Some(sched(None, 1_500, "v")),
+        dues,
+        vec![(rid(0), 1_500), (rid(2), 1_900), (rid(3), 5_000)]
+    );
+    assert_eq!(got.gone, vec![rid(1)]);
+    assert_eq!(
+        got.records[0].record,
+        sched(None, 1_500, "v"),
         "the record as written"
     );
     // Only the first came from memory, and it has left it.
     assert_eq!(store.kept_in_memory(), (0, 0, 1));
     // A replacement and a cancel arriving through ingest do the same.
-    store.apply_at(&[at(4, 1_200, Some("y"))], 1_000).unwrap();
-    store.apply_at(&[at(5, 1_300, Some("y"))], 1_000).unwrap();
+    store.apply(&[at(4, 1_200, Some("y"))], 1_000).unwrap();
+    store.apply(&[at(5, 1_300, Some("y"))], 1_000).unwrap();
     store
-        .apply_at(
+        .apply(
             &[IngestOp::Cancel {
                 pid,
                 offset: 6,
@@ -946,11 +1011,52 @@ fn records_due_soon_fire_from_memory_and_leave_it_before_a_cancel_or_move_reache
         )
         .unwrap();
     assert_eq!(
-        store.get_for_firing(&[rid(4), rid(5)]).unwrap(),
-        vec![None, None]
+        fire(&store, &[(1_200, rid(4)), (1_300, rid(5))]).gone,
+        vec![rid(4), rid(5)]
     );
     assert_eq!(store.kept_in_memory(), (0, 0, 1));
-    // `apply` keeps nothing.
-    store.apply(&[at(7, 1_100, None)]).unwrap();
+    // A record due later than the window after its arrival is not kept.
+    store.apply(&[at(7, 1_100, None)], 0).unwrap();
     assert_eq!(store.kept_in_memory().0, 0);
+}
+
+#[test]
+fn a_claimed_record_is_skipped_by_a_second_timer_until_it_is_delivered_or_released() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let pid = store.partition_id("delay.in", 0).unwrap();
+    let ops: Vec<IngestOp> = (0..3)
+        .map(|i| IngestOp::Schedule {
+            pid,
+            offset: i,
+            schedule: sched(None, 100, "v"),
+        })
+        .collect();
+    let timers = store.apply(&ops, 0).unwrap().inserted;
+    let first = fire(&store, &timers[..2]);
+    assert_eq!(first.records.len(), 2);
+    // An operator moved the first later, then back: its second timer comes up while the
+    // first is in flight, and a timer for the third comes up twice in one batch.
+    let second = fire(&store, &[timers[0], timers[2], timers[2]]);
+    assert_eq!(second.already_claimed, 2);
+    assert_eq!(second.records.len(), 1);
+    assert_eq!(second.records[0].id, timers[2].1);
+    // The third is held by a fire limit: given back, it can be claimed again.
+    store.release([timers[2].1]);
+    assert_eq!(fire(&store, &[timers[2]]).records.len(), 1);
+    // The first is delivered: its claim goes with it, and a late timer finds it gone.
+    assert_eq!(
+        store.delivered(&fired(&first)[..1], first.read_at).unwrap(),
+        1
+    );
+    let late = fire(&store, &[timers[0]]);
+    assert_eq!((late.already_claimed, late.gone.len()), (0, 1));
+    // A timer earlier than its record's due time (an operator moved it later) fires nothing:
+    // the timer at the new time will.
+    assert_eq!(store.reschedule(timers[1].1, 5_000).unwrap(), Some(100));
+    store.release([timers[1].1]);
+    let early = fire(&store, &[timers[1]]);
+    assert_eq!(early.moved, vec![timers[1].1]);
+    assert!(early.records.is_empty());
+    assert_eq!(fire(&store, &[(5_000, timers[1].1)]).records.len(), 1);
 }

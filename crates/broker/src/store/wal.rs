@@ -7,7 +7,7 @@
 //! wait for an fsync of its own. RocksDB's log is one file written in order, so the next synced
 //! write makes every earlier delete durable too; while deliveries go on without any synced
 //! write, one delete is synced every `interval`, and the publisher syncs what is still owed
-//! once its deliveries pause ([`crate::store::Store::sync_deferred`]). A power failure can then
+//! once its deliveries pause ([`crate::store::Store::sync_if_owed`]). A power failure can then
 //! deliver again the records delivered within about `interval` before it, besides those in
 //! flight.
 //!
@@ -41,6 +41,11 @@ impl WalSync {
             last_us: AtomicU64::new(0),
             owed: AtomicBool::new(false),
         }
+    }
+
+    /// How long deferred writes may go without an fsync while they go on.
+    pub(super) fn interval(&self) -> Duration {
+        self.interval
     }
 
     /// Whether a write that must be durable when it returns syncs the log: whenever `sync` is on.

@@ -161,6 +161,30 @@ impl DeadLetters {
         }
     }
 
+    /// Produces one dead letter with these headers and value, and waits for its report.
+    async fn send_once(
+        &self,
+        dl: &DeadLetter,
+        headers: &[Header],
+        value: Option<&[u8]>,
+    ) -> Result<(), KafkaError> {
+        let mut rec = FutureRecord::<[u8], [u8]>::to(&self.topic).headers(headers_to(headers));
+        if let Some(k) = &dl.key {
+            rec = rec.key(k.as_slice());
+        }
+        if let Some(v) = value {
+            rec = rec.payload(v);
+        }
+        match self.producer.send_result(rec) {
+            Ok(delivery) => match delivery.await {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err((e, _))) => Err(e),
+                Err(_) => Err(KafkaError::Canceled),
+            },
+            Err((e, _)) => Err(e),
+        }
+    }
+
     /// Writes one dead letter and waits for the acknowledgement, retrying transient failures
     /// with backoff (up to `max_wait` in all).
     ///
@@ -177,23 +201,7 @@ impl DeadLetters {
         let mut value = dl.value.as_deref();
         let mut backoff = Duration::from_millis(100);
         loop {
-            let owned = headers_to(&headers);
-            let mut rec = FutureRecord::<[u8], [u8]>::to(&self.topic).headers(owned);
-            if let Some(k) = &dl.key {
-                rec = rec.key(k.as_slice());
-            }
-            if let Some(v) = value {
-                rec = rec.payload(v);
-            }
-            let result = match self.producer.send_result(rec) {
-                Ok(delivery) => match delivery.await {
-                    Ok(Ok(_)) => Ok(()),
-                    Ok(Err((e, _))) => Err(e),
-                    Err(_) => Err(KafkaError::Canceled),
-                },
-                Err((e, _)) => Err(e),
-            };
-            let err = match result {
+            let err = match self.send_once(dl, &headers, value).await {
                 Ok(()) => {
                     self.metrics
                         .dead_lettered

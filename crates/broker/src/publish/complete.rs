@@ -1,0 +1,276 @@
+//! The completion task: delivery reports in batches -> the store's delete after delivery;
+//! failures retried through the scheduler or dead-lettered.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::error::KafkaError;
+use tokio::sync::oneshot;
+use tracing::{error, info, warn};
+
+use super::failure::{classify, Failure};
+use super::reports::{Completions, Sent};
+use super::{history, AttemptMap, Outcome, Publisher};
+use crate::dead_letter::{DeadLetter, Origin};
+use crate::record::{names, Header, HeaderRef, Reason, Reject};
+use crate::scheduler::Wake;
+use crate::store::{ReadMark, RecordId, StoredRecord};
+
+/// What became of a record whose delivery failed.
+enum Failed {
+    /// Dead-lettered: deleted like a delivered one.
+    DeadLettered(Arc<Sent>),
+    /// To try again at this time; the record keeps its in-flight permit until the batch is
+    /// handled.
+    Retry(u64, Arc<Sent>),
+}
+
+impl Publisher {
+    /// The completion task: deletes delivered records in batches and routes failures. While
+    /// a delete after delivery waits for its fsync (only with `--sync`), a pause in deliveries
+    /// syncs it rather than the next write, whenever that is.
+    pub(super) async fn complete(
+        self,
+        completions: Completions,
+        mut stop: oneshot::Receiver<()>,
+        attempts: AttemptMap,
+    ) {
+        let mut rx = completions.0;
+        loop {
+            let owed = self.store.sync_owed();
+            let first = tokio::select! {
+                o = rx.recv() => match o { Some(o) => o, None => return },
+                _ = &mut stop => return,
+                _ = tokio::time::sleep(owed.unwrap_or_default()), if owed.is_some() => {
+                    let store = self.store.clone();
+                    match tokio::task::spawn_blocking(move || store.sync_if_owed()).await {
+                        Ok(Ok(())) => {}
+                        Ok(Err(e)) => warn!(error = %e, "cannot sync the write-ahead log"),
+                        Err(e) => error!(error = %e, "write-ahead log sync task failed"),
+                    }
+                    continue;
+                }
+            };
+            let mut outcomes = vec![first];
+            while outcomes.len() < 1_024 {
+                match rx.try_recv() {
+                    Ok(o) => outcomes.push(o),
+                    Err(_) => break,
+                }
+            }
+            self.handle(outcomes, &attempts).await;
+        }
+    }
+
+    async fn handle(&self, outcomes: Vec<Outcome>, attempts: &AttemptMap) {
+        let now = self.clock.now_ms();
+        // The oldest change count any of them was read at: if the store's is still that, none
+        // was cancelled, replaced or moved since.
+        let Some(read_at) = outcomes.iter().map(|o| o.sent.read_at).min() else {
+            return;
+        };
+        let mut finished: Vec<Arc<Sent>> = Vec::with_capacity(outcomes.len());
+        let mut fired = Vec::with_capacity(outcomes.len());
+        // Dead-lettered after failed deliveries: deleted like the delivered ones, not counted.
+        let mut dead_lettered = Vec::new();
+        // The records to try again, with their in-flight permits, until this batch is handled.
+        let mut permits = Vec::new();
+        let mut retry: Vec<(u64, RecordId)> = Vec::new();
+        for o in outcomes {
+            match o.result {
+                Ok(()) => {
+                    fired.push(self.observe_delivery(&o.sent, o.reported_ms));
+                    finished.push(o.sent);
+                }
+                Err(err) => match self.failed(o.sent, &err, now, attempts).await {
+                    Failed::DeadLettered(sent) => dead_lettered.push(sent),
+                    Failed::Retry(at, sent) => {
+                        retry.push((at, sent.id));
+                        permits.push(sent);
+                    }
+                },
+            }
+        }
+        self.count_fired(&finished, attempts);
+        self.history.extend(fired);
+        finished.append(&mut dead_lettered);
+        if !finished.is_empty() {
+            crate::failpoint::hit("after-delivery");
+            self.delete(Arc::new(finished), read_at).await;
+        }
+        // The store released the deleted ones' claims; these are given back to try again.
+        self.store.release(retry.iter().map(|&(_, id)| id));
+        drop(permits);
+        if !retry.is_empty() && self.retries.send(Wake::Retry(retry)).await.is_err() {
+            info!("scheduler stopped; records awaiting a retry fire again after restart");
+        }
+        self.metrics.pending.set(self.store.pending() as i64);
+    }
+
+    /// Records a delivered record's lateness and round trip, and what the console shows of it.
+    fn observe_delivery(&self, sent: &Sent, reported_ms: u64) -> history::Fired {
+        // Lateness from load: from the time the fire limits let it go (its due time when none
+        // held it); what a limit added is kept apart.
+        let due_ms = sent.record.due_ms();
+        self.metrics
+            .delivery_lateness
+            .observe(reported_ms.saturating_sub(sent.released_ms.max(due_ms)) as f64 / 1000.0);
+        if sent.released_ms > due_ms {
+            self.metrics
+                .fire_limit_lateness
+                .observe((sent.released_ms - due_ms) as f64 / 1000.0);
+        }
+        self.metrics
+            .produce_round_trip
+            .observe(reported_ms.saturating_sub(sent.sent_ms) as f64 / 1000.0);
+        history::Fired {
+            id: sent.id.0,
+            target: sent.record.target().to_owned(),
+            key: history::text(sent.record.key()),
+            delay_id: history::text(sent.record.id()),
+            due_ms,
+            fired_ms: sent.sent_ms,
+            acked_ms: reported_ms,
+        }
+    }
+
+    /// Counts a failed delivery and decides: retry with backoff, or (a permanent failure too
+    /// many times) dead-letter it.
+    async fn failed(
+        &self,
+        sent: Arc<Sent>,
+        err: &KafkaError,
+        now: u64,
+        attempts: &AttemptMap,
+    ) -> Failed {
+        let (failure, kind) = classify(err);
+        self.metrics.produce_errors.with_label_values(&[kind]).inc();
+        let a = {
+            let mut map = attempts.lock().unwrap_or_else(|e| e.into_inner());
+            let a = map.entry(sent.id).or_default();
+            a.total += 1;
+            if matches!(failure, Failure::Permanent(_)) {
+                a.permanent += 1;
+            }
+            *a
+        };
+        match failure {
+            Failure::Permanent(reason) if a.permanent >= self.policy.max_attempts => {
+                if self
+                    .dead_letter(sent.id, &sent.record, reason, err, a.total)
+                    .await
+                {
+                    attempts
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .remove(&sent.id);
+                    Failed::DeadLettered(sent)
+                } else {
+                    Failed::Retry(now + self.policy.backoff_max_ms, sent)
+                }
+            }
+            _ => {
+                if a.total == 1 {
+                    warn!(target = %sent.record.target(), error = %err, kind,
+                          "delivery failed; retrying with backoff");
+                }
+                Failed::Retry(now + self.policy.backoff_ms(a.total), sent)
+            }
+        }
+    }
+
+    /// Counts delivered records by target and forgets their failed attempts.
+    fn count_fired(&self, delivered: &[Arc<Sent>], attempts: &AttemptMap) {
+        crate::metrics::count_each(
+            &self.metrics.fired,
+            delivered.iter().map(|s| s.record.target()),
+        );
+        let mut attempts = attempts.lock().unwrap_or_else(|e| e.into_inner());
+        if !attempts.is_empty() {
+            for s in delivered {
+                attempts.remove(&s.id);
+            }
+        }
+    }
+
+    async fn dead_letter(
+        &self,
+        id: RecordId,
+        record: &StoredRecord,
+        reason: Reason,
+        err: &KafkaError,
+        attempts: u32,
+    ) -> bool {
+        let (topic, partition) = self.store.partition_of(id.pid()).unwrap_or_default();
+        // A retry dead letter that could not reach its own topic keeps the target it was
+        // retried for, and gets this failure's reason instead of its own.
+        let mut headers: Vec<Header> = record
+            .headers()
+            .filter(|h| h.key != names::ERROR && h.key != names::ERROR_DETAIL)
+            .map(HeaderRef::to_header)
+            .collect();
+        if !headers.iter().any(|h| h.key == names::TARGET) {
+            headers.push(Header::new(names::TARGET, record.target()));
+        }
+        headers.push(Header::new(names::DUE_MS, record.due_ms().to_string()));
+        let dl = DeadLetter {
+            key: record.key().map(<[u8]>::to_vec),
+            value: record.value().map(<[u8]>::to_vec),
+            headers,
+            reject: Reject::new(
+                reason,
+                format!(
+                    "publishing to '{}' failed {attempts} times; last error: {err}",
+                    record.target()
+                ),
+            ),
+            origin: Origin {
+                topic,
+                partition,
+                offset: id.offset(),
+            },
+        };
+        match self.dead.deliver(&dl, Duration::from_secs(30)).await {
+            Ok(()) => {
+                warn!(target = %record.target(), reason = %reason, attempts,
+                      "record dead-lettered after failed deliveries");
+                true
+            }
+            Err(e) => {
+                error!(error = %e, "cannot dead-letter an undeliverable record; retrying later");
+                false
+            }
+        }
+    }
+
+    /// The store's delete after delivery, on a blocking thread, tried again with backoff for a
+    /// few seconds; given up after that (the records fire again after a restart), and their
+    /// claims given back.
+    async fn delete(&self, finished: Arc<Vec<Arc<Sent>>>, read_at: ReadMark) {
+        let mut delay = Duration::from_millis(50);
+        loop {
+            let store = self.store.clone();
+            let batch = finished.clone();
+            let result = tokio::task::spawn_blocking(move || {
+                let refs: Vec<(RecordId, &StoredRecord)> =
+                    batch.iter().map(|s| (s.id, &s.record)).collect();
+                store.delivered(&refs, read_at)
+            })
+            .await;
+            match result {
+                Ok(Ok(_)) => return,
+                Ok(Err(e)) if delay < Duration::from_secs(5) => {
+                    warn!(error = %e, "cannot delete delivered records yet; retrying");
+                }
+                other => {
+                    error!(result = ?other.map(|r| r.map(|_| ())), records = finished.len(),
+                           "giving up deleting delivered records; they fire again after restart");
+                    self.store.release(finished.iter().map(|s| s.id));
+                    return;
+                }
+            }
+            tokio::time::sleep(delay).await;
+            delay *= 2;
+        }
+    }
+}
