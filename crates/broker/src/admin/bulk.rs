@@ -20,10 +20,16 @@ pub(super) struct Bulk {
     when: When,
 }
 
+/// Records changed per store call: one lock and one write batch (with `--sync` one fsync) for
+/// each this many, so a bulk action of 100,000 records makes 100 writes, not 100,000.
+const BATCH: usize = 1_000;
+
+/// Selects the records `f` covers (at most [`MAX_BULK`]) and hands them to `act` in batches
+/// of [`BATCH`]; `act` returns how many of a batch it changed.
 pub(super) fn bulk(
     a: &Admin,
     f: &Filter,
-    mut act: impl FnMut(RecordId) -> Result<bool, ApiError>,
+    mut act: impl FnMut(&[RecordId]) -> Result<usize, ApiError>,
 ) -> ApiResult {
     if f.target.is_none()
         && f.due_from.is_none()
@@ -43,11 +49,10 @@ pub(super) fn bulk(
     }
     let limit = f.limit.unwrap_or(MAX_BULK).clamp(1, MAX_BULK);
     let (rows, next) = select(&a.store, f, limit, usize::MAX)?;
-    let mut changed = 0u64;
-    for (_, rid, _) in &rows {
-        if act(*rid)? {
-            changed += 1;
-        }
+    let ids: Vec<RecordId> = rows.iter().map(|(_, rid, _)| *rid).collect();
+    let mut changed = 0;
+    for batch in ids.chunks(BATCH) {
+        changed += act(batch)?;
     }
     Ok(Json(
         json!({ "matched": rows.len(), "changed": changed, "more": next.is_some() }),
@@ -61,8 +66,8 @@ pub(super) fn bulk_what(f: &Filter) -> String {
     )
 }
 
-/// Runs a bulk action on a blocking thread: it makes up to 100,000 store calls (a key filter
-/// reads every record it examines), which must not hold up the runtime.
+/// Runs a bulk action on a blocking thread: it reads up to 100,000 records and writes them in
+/// batches (a key filter reads every record it examines), which must not hold up the runtime.
 pub(super) async fn off_runtime(f: impl FnOnce() -> ApiResult + Send + 'static) -> ApiResult {
     tokio::task::spawn_blocking(f).await.map_err(internal)?
 }
@@ -74,8 +79,8 @@ pub(super) async fn bulk_cancel(
 ) -> ApiResult {
     off_runtime(move || {
         a.mutate(&headers, "bulk_cancel", &bulk_what(&f), || {
-            bulk(&a, &f, |rid| {
-                Ok(a.store.cancel(rid).map_err(internal)?.is_some())
+            bulk(&a, &f, |ids| {
+                Ok(a.store.cancel_many(ids).map_err(internal)?.len())
             })
         })
     })
@@ -91,12 +96,10 @@ pub(super) async fn bulk_reschedule(
         a.mutate(&headers, "bulk_reschedule", &bulk_what(&b.filter), || {
             let due = b.when.resolve(a.clock.now_ms(), a.max_delay_ms)?;
             let mut woken = Vec::new();
-            let r = bulk(&a, &b.filter, |rid| {
-                let moved = a.store.reschedule(rid, due).map_err(internal)?.is_some();
-                if moved {
-                    woken.push((due, rid));
-                }
-                Ok(moved)
+            let r = bulk(&a, &b.filter, |ids| {
+                let moved = a.store.reschedule_many(ids, due).map_err(internal)?;
+                woken.extend(moved.iter().map(|(rid, _)| (due, *rid)));
+                Ok(moved.len())
             });
             a.wake(woken);
             r
@@ -114,12 +117,10 @@ pub(super) async fn bulk_fire(
         a.mutate(&headers, "bulk_fire", &bulk_what(&f), || {
             let now = a.clock.now_ms();
             let mut woken = Vec::new();
-            let r = bulk(&a, &f, |rid| {
-                let moved = a.store.reschedule(rid, now).map_err(internal)?.is_some();
-                if moved {
-                    woken.push((now, rid));
-                }
-                Ok(moved)
+            let r = bulk(&a, &f, |ids| {
+                let moved = a.store.reschedule_many(ids, now).map_err(internal)?;
+                woken.extend(moved.iter().map(|(rid, _)| (now, *rid)));
+                Ok(moved.len())
             });
             a.wake(woken);
             r

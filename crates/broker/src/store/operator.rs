@@ -1,6 +1,7 @@
-//! Operators' actions on one pending record: cancel it, or move it to another due time. Each
-//! takes the record out of memory first (see [`near`](super::near)), counts as a change (see
-//! `Store::changes`), and is written synced when `sync` is on.
+//! Operators' actions on pending records, one or many in one write batch: cancel them, or move
+//! them to another due time. Each takes the records out of memory first (see
+//! [`near`](super::near)), counts as a change (see `Store::changes`), and is written synced
+//! when `sync` is on.
 
 use std::borrow::Cow;
 use std::sync::atomic::Ordering;
@@ -17,24 +18,42 @@ impl Store {
     /// # Errors
     /// A read or write failure; nothing changes then.
     pub fn cancel(&self, rid: RecordId) -> Result<Option<StoredRecord>> {
+        Ok(self.cancel_many(&[rid])?.pop().map(|(_, rec)| rec))
+    }
+
+    /// Cancels the pending records among `rids` in one write batch (an operator's bulk
+    /// action). Returns those that were pending; the others are left out.
+    ///
+    /// # Errors
+    /// A read or write failure; nothing changes then.
+    pub fn cancel_many(&self, rids: &[RecordId]) -> Result<Vec<(RecordId, StoredRecord)>> {
         let mut stats = self.lock_writes();
-        self.forget_near([rid]);
-        let Some(rec) = self.get(&[rid])?.pop().flatten() else {
-            return Ok(None);
-        };
+        self.forget_near(rids.iter().copied());
+        let found: Vec<(RecordId, StoredRecord)> = rids
+            .iter()
+            .zip(self.get(rids)?)
+            .filter_map(|(rid, rec)| Some((*rid, rec?)))
+            .collect();
+        if found.is_empty() {
+            return Ok(found);
+        }
         let mut batch = self.batch();
-        batch.delete::<Records>(&RecordKey::new(rid));
-        batch.delete::<Due>(&DueKey::new(rec.due_ms(), rid));
-        self.unmap_id(&mut batch, rid, &rec, None)?;
         let mut counted = Changes::default();
-        counted.push(Cow::Borrowed(rec.target()), rec.due_ms(), false);
+        for (rid, rec) in &found {
+            batch.delete::<Records>(&RecordKey::new(*rid));
+            batch.delete::<Due>(&DueKey::new(rec.due_ms(), *rid));
+            self.unmap_id(&mut batch, *rid, rec, None)?;
+            counted.push(Cow::Borrowed(rec.target()), rec.due_ms(), false);
+        }
         let counted = counted.sum();
         self.put_counts(&mut batch, &stats, &counted);
         self.write_required(batch, "cancel write")?;
-        self.pending.fetch_sub(1, Ordering::Relaxed);
+        self.pending
+            .fetch_sub(found.len() as i64, Ordering::Relaxed);
         self.changes.fetch_add(1, Ordering::Release);
         stats.apply(&counted);
-        Ok(Some(rec))
+        drop(counted);
+        Ok(found)
     }
 
     /// Moves one pending record to a new due time (an operator's action; "fire now" is a move
@@ -44,28 +63,52 @@ impl Store {
     /// # Errors
     /// A read or write failure; nothing changes then.
     pub fn reschedule(&self, rid: RecordId, due_ms: u64) -> Result<Option<u64>> {
+        Ok(self
+            .reschedule_many(&[rid], due_ms)?
+            .pop()
+            .map(|(_, old)| old))
+    }
+
+    /// Moves the pending records among `rids` to `due_ms` in one write batch (an operator's
+    /// bulk action). Returns those that were pending with their old due times; put each at
+    /// `due_ms` in the wheel.
+    ///
+    /// # Errors
+    /// A read or write failure; nothing changes then.
+    pub fn reschedule_many(&self, rids: &[RecordId], due_ms: u64) -> Result<Vec<(RecordId, u64)>> {
         let mut stats = self.lock_writes();
-        self.forget_near([rid]);
-        let Some(mut rec) = self.get(&[rid])?.pop().flatten() else {
-            return Ok(None);
-        };
-        let old = rec.due_ms();
-        rec.set_due_ms(due_ms);
+        self.forget_near(rids.iter().copied());
+        let mut found: Vec<(RecordId, StoredRecord)> = rids
+            .iter()
+            .zip(self.get(rids)?)
+            .filter_map(|(rid, rec)| Some((*rid, rec?)))
+            .collect();
+        if found.is_empty() {
+            return Ok(Vec::new());
+        }
         let mut batch = self.batch();
-        batch.put::<Records>(&RecordKey::new(rid), &rec);
-        batch.delete::<Due>(&DueKey::new(old, rid));
-        batch.put::<Due>(&DueKey::new(due_ms, rid), rec.target());
-        self.unmap_id(&mut batch, rid, &rec, Some(due_ms))?;
         let mut counted = Changes::default();
-        counted.push(Cow::Borrowed(rec.target()), old, false);
-        counted.push(Cow::Borrowed(rec.target()), due_ms, true);
+        let mut moved = Vec::with_capacity(found.len());
+        for (rid, rec) in &mut found {
+            let old = rec.due_ms();
+            rec.set_due_ms(due_ms);
+            batch.put::<Records>(&RecordKey::new(*rid), rec);
+            batch.delete::<Due>(&DueKey::new(old, *rid));
+            batch.put::<Due>(&DueKey::new(due_ms, *rid), rec.target());
+            self.unmap_id(&mut batch, *rid, rec, Some(due_ms))?;
+            moved.push((*rid, old));
+        }
+        for ((_, rec), (_, old)) in found.iter().zip(&moved) {
+            counted.push(Cow::Borrowed(rec.target()), *old, false);
+            counted.push(Cow::Borrowed(rec.target()), due_ms, true);
+        }
         let counted = counted.sum();
         self.put_counts(&mut batch, &stats, &counted);
         self.write_required(batch, "reschedule write")?;
         self.changes.fetch_add(1, Ordering::Release);
         stats.apply(&counted);
         self.low_water.fetch_min(due_ms, Ordering::Relaxed);
-        Ok(Some(old))
+        Ok(moved)
     }
 
     /// Deletes the id mapping of `rid` (or points it at `new_due`) while it still maps to `rid`.

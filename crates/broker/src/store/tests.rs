@@ -1060,3 +1060,68 @@ fn a_claimed_record_is_skipped_by_a_second_timer_until_it_is_delivered_or_releas
     assert!(early.records.is_empty());
     assert_eq!(fire(&store, &[(5_000, timers[1].1)]).records.len(), 1);
 }
+
+#[test]
+fn bulk_cancels_and_moves_change_only_pending_records_in_one_write_each() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let p = store.partition_id("delay.in", 0).unwrap();
+    let ops: Vec<IngestOp> = (0..6)
+        .map(|i| IngestOp::Schedule {
+            pid: p,
+            offset: i,
+            schedule: sched_to(
+                if i % 2 == 0 { "even" } else { "odd" },
+                Some(&format!("id-{i}")),
+                1_000 + i as u64,
+                "v",
+            ),
+        })
+        .collect();
+    store.apply(&ops, 0).unwrap();
+    let rid = |offset| RecordId::new(p, offset).unwrap();
+    let before = changes(&store);
+    // Offset 9 was never stored: it is left out of the answer.
+    let gone = store.cancel_many(&[rid(0), rid(1), rid(9)]).unwrap();
+    assert_eq!(
+        gone.iter().map(|(r, _)| *r).collect::<Vec<_>>(),
+        vec![rid(0), rid(1)]
+    );
+    assert_eq!(changes(&store), before + 1, "one write for the batch");
+    assert_eq!(store.pending(), 4);
+    // A cancelled record is no longer there to move; the others move with their old times.
+    let moved = store
+        .reschedule_many(&[rid(1), rid(2), rid(3)], 50_000)
+        .unwrap();
+    assert_eq!(moved, vec![(rid(2), 1_002), (rid(3), 1_003)]);
+    assert_eq!(
+        pending(&store),
+        vec![
+            (1_004, rid(4)),
+            (1_005, rid(5)),
+            (50_000, rid(2)),
+            (50_000, rid(3))
+        ]
+    );
+    // The counts follow, and survive a restart.
+    let stats = store.pending_stats(0);
+    assert_eq!(by_target_total(&store), 4);
+    assert!(stats.by_target.contains(&("even".to_owned(), 2)));
+    drop(store);
+    let store = open(&dir);
+    assert_eq!(store.pending(), 4);
+    assert_eq!(by_target_total(&store), 4);
+    // An id of a cancelled record is free again; a moved one still maps to its record.
+    let again = store
+        .apply(
+            &[IngestOp::Cancel {
+                pid: p,
+                offset: 6,
+                id: b"id-2".to_vec(),
+            }],
+            0,
+        )
+        .unwrap();
+    assert_eq!(again.cancelled, 1);
+    assert_eq!(store.pending(), 3);
+}
