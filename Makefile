@@ -61,6 +61,9 @@ lint: deps
 	else echo "lint: cargo fmt is not installed here; the format check is SKIPPED"; fi
 	@if cargo clippy --version >/dev/null 2>&1; then cargo clippy --workspace --all-targets --all-features -- -D warnings; \
 	else echo "lint: cargo clippy is not installed here; clippy is SKIPPED"; fi
+	python3 scripts/imports.py
+	python3 scripts/sizes.py
+	bash scripts/layering.sh
 
 # Tests named apache_kafka_* need a real Kafka: they run in the second pass. Tests named
 # mock_cluster_* inject faults through the in-process mock cluster: they run in the first only.

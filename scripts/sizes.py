@@ -4,7 +4,8 @@
 A test module (`#[cfg(test)] mod ... {}`) and files named tests.rs are not product code. The
 function scan matches braces; it ignores braces in strings and comments well enough for this
 code base.
-Usage: python3 scripts/sizes.py [FILE_LIMIT] [FN_LIMIT]
+Product code is the core, the broker and the client; the benchmark crate is a lab and is not
+checked. Usage: python3 scripts/sizes.py [FILE_LIMIT] [FN_LIMIT]
 """
 import re
 import sys
@@ -45,7 +46,8 @@ def product_lines(lines):
 
 
 bad = 0
-for path in sorted(Path('crates').glob('*/src/**/*.rs')):
+PRODUCT = ('core', 'broker', 'client')
+for path in sorted(p for c in PRODUCT for p in Path('crates', c).glob('src/**/*.rs')):
     if path.name == 'tests.rs':
         continue
     lines = path.read_text().splitlines()

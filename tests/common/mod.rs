@@ -11,10 +11,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use clap::Parser;
 use kafka_delay::app::{self, Running};
 use kafka_delay::clock::{Clock, SystemClock};
-use kafka_delay::config::{Cli, Command, Config};
+use kafka_delay::config::{Config, RunArgs};
 use kafka_delay::kafka::Embedded;
 use prometheus::Registry;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -241,10 +240,10 @@ pub(crate) fn config(kafka: &Kafka, topics: &Topics, data: &TempDir, extra: &[&s
     }
     args.extend(env_flags.split_whitespace());
     args.extend_from_slice(extra);
-    match Cli::try_parse_from(args).expect("flags").command {
-        Command::Run(a) => a.validate().expect("valid config"),
-        _ => unreachable!("run was parsed"),
-    }
+    RunArgs::try_parse_flags(&args[2..])
+        .expect("flags")
+        .validate()
+        .expect("valid config")
 }
 
 pub(crate) async fn start(config: Config) -> Running {

@@ -4,13 +4,12 @@
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::time::{Duration, Instant};
 
-use clap::Parser;
 use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::ClientConfig;
 
 use super::BenchError;
-use kafka_delay::config::{Cli, Command, Config};
+use kafka_delay::config::{Config, RunArgs};
 use kafka_delay::kafka::{self, Embedded};
 
 /// The Kafka every run of the benchmark uses: an embedded cluster, or the one `--brokers` names.
@@ -33,9 +32,7 @@ pub(super) fn config(
     extra: &[&str],
 ) -> Result<Config, BenchError> {
     let dir = data_dir.display().to_string();
-    let mut argv = vec![
-        "kafka-delay",
-        "run",
+    let mut flags = vec![
         "--brokers",
         brokers,
         "--data-dir",
@@ -48,12 +45,8 @@ pub(super) fn config(
         // spares a restarted member a rebalance) has nothing to do here.
         "--no-static-membership",
     ];
-    argv.extend_from_slice(extra);
-    let cli = Cli::try_parse_from(argv)?;
-    match cli.command {
-        Command::Run(run) => Ok(run.validate()?),
-        _ => Err("not a run command".into()),
-    }
+    flags.extend_from_slice(extra);
+    Ok(RunArgs::try_parse_flags(flags)?.validate()?)
 }
 
 /// This process and the second it started in: unique per run on one machine.

@@ -18,12 +18,15 @@ use crate::dead_letter::DeadLetters;
 use crate::http::{self, Health};
 use crate::ingest::{self, Ingest};
 use crate::kafka::{self, KafkaSetupError};
-use crate::metrics::Metrics;
-use crate::publish::reports::{PublishProducer, Reports};
+use crate::metrics::{Labels, Metrics};
+use crate::publish::history::History;
+use crate::publish::reports::{publish_producer, PublishProducer, Reports};
 use crate::publish::{Publisher, RetryPolicy};
-use crate::scheduler::{Scheduler, Wake};
+use crate::record::Reason;
+use crate::scheduler::{Due, Inserts, Scheduler, Wake};
 use crate::slice;
 use crate::store::{Store, StoreError, StoreOptions};
+use crate::{admin, publish};
 
 /// Why the broker could not start.
 #[derive(Debug, thiserror::Error)]
@@ -85,6 +88,17 @@ pub struct Running {
     health: Health,
 }
 
+/// What every part of a running broker shares.
+#[derive(Clone)]
+struct Shared {
+    store: Arc<Store>,
+    metrics: Metrics,
+    clock: Arc<dyn Clock>,
+    health: Health,
+    /// New timers for the scheduler (new records, retries, operators' moves).
+    inserts: Inserts,
+}
+
 /// Starts the broker and returns once it is ready (recovery done, consumer subscribed).
 ///
 /// # Errors
@@ -94,45 +108,159 @@ pub async fn start(
     clock: Arc<dyn Clock>,
     registry: Registry,
 ) -> Result<Running, StartError> {
-    let metrics = Metrics::new(&registry)?;
     let health = Health::default();
     health.store_healthy.store(true, Ordering::Relaxed);
-    let store = {
-        let dir = config.store.data_dir.clone();
-        let opts = StoreOptions {
-            sync: config.store.sync,
-            keep_within_ms: millis(config.store.keep_within),
-            keep_bytes: config.store.keep_bytes,
-        };
-        Arc::new(
-            tokio::task::spawn_blocking(move || Store::open(&dir, opts))
-                .await
-                .expect("store open task")?,
-        )
-    };
     let (stop_ingest, stop_ingest_rx) = watch::channel(false);
     let (stop_rest, stop_rest_rx) = watch::channel(false);
+    let (inserts, insert_rx) = mpsc::channel::<Wake>(1_024);
+    let shared = Shared {
+        store: open_store(&config).await?,
+        metrics: new_metrics(&registry)?,
+        clock,
+        health,
+        inserts,
+    };
+    let history = History::default();
+    let (http_addr, http) = start_http(
+        &config,
+        &shared,
+        &registry,
+        history.clone(),
+        stop_rest_rx.clone(),
+    )
+    .await?;
+    info!(%http_addr, data_dir = %config.store.data_dir.display(), brokers = %config.kafka.brokers,
+          kafka_config = ?config.kafka.properties, "kafka-delay starting");
+
+    let producer = kafka::producer(&config)?;
+    kafka::ensure_dead_letter_topic(&config, &producer).await?;
+    // The counts by target and due time were restored when the store was opened; the wheel
+    // reads what is due within the horizon and reports itself armed.
+    let recovered = shared.store.pending();
+    let (due_tx, due_rx) = mpsc::channel(64);
+    let (scheduler, mut armed) =
+        start_scheduler(&config, &shared, insert_rx, due_tx, stop_rest_rx.clone())?;
+    let (reports, completions) = Reports::new(shared.clock.clone());
+    let publish_producer = publish_producer(&config, reports.clone())?;
+    // Its own producer: dead letters of bad input are acknowledged without waiting behind the
+    // deliveries in flight on the fire side.
+    let ingest_producer = kafka::producer(&config)?;
+    request_producer_ids(
+        &config.topics.dead_letter,
+        producer.clone(),
+        publish_producer.clone(),
+        ingest_producer.clone(),
+    )
+    .await;
+    let publisher = publisher(
+        &config,
+        &shared,
+        &producer,
+        publish_producer,
+        reports,
+        history,
+    );
+    let publisher = tokio::spawn(publisher.run(due_rx, stop_rest_rx, completions));
+
+    wait_armed(&config, &shared, &mut armed, recovered).await;
+    let ingest = start_ingest(&config, &shared, producer, ingest_producer, stop_ingest_rx).await?;
+    shared.health.ready.store(true, Ordering::Relaxed);
+    shared.metrics.broker.ready.set(1);
+    info!(recovered, "ready");
+    Ok(Running {
+        stop_ingest,
+        stop_rest,
+        ingest,
+        scheduler,
+        publisher,
+        http,
+        http_addr,
+        store: shared.store,
+        metrics: shared.metrics,
+        health: shared.health,
+    })
+}
+
+/// Waits until the wheel holds what is due within the horizon, and says so.
+async fn wait_armed(
+    config: &Config,
+    shared: &Shared,
+    armed: &mut watch::Receiver<bool>,
+    recovered: u64,
+) {
+    let started = Instant::now();
+    let _ = armed.wait_for(|a| *a).await;
+    info!(
+        in_wheel = shared.metrics.wheel.loaded.get(),
+        horizon_ms = millis(config.wheel.horizon),
+        seconds = format!("{:.3}", started.elapsed().as_secs_f64()),
+        "timing wheel armed"
+    );
+    shared.metrics.broker.recovered.set(recovered as i64);
+    shared
+        .metrics
+        .pending
+        .records
+        .set(shared.store.pending() as i64);
+}
+
+/// The broker's metrics, their labels starting with every reason, error kind and admin action.
+fn new_metrics(registry: &Registry) -> Result<Metrics, StartError> {
+    let reasons: Vec<&str> = Reason::ALL.iter().map(|r| r.code()).collect();
+    Ok(Metrics::new(
+        registry,
+        &Labels {
+            reasons: &reasons,
+            produce_errors: &publish::ERROR_KINDS,
+            admin_actions: &admin::ACTIONS,
+            admin_outcomes: &admin::OUTCOMES,
+        },
+    )?)
+}
+
+/// Opens RocksDB on a blocking thread (recovery reads the counts back).
+async fn open_store(config: &Config) -> Result<Arc<Store>, StartError> {
+    let dir = config.store.data_dir.clone();
+    let opts = StoreOptions {
+        sync: config.store.sync,
+        keep_within_ms: millis(config.store.keep_within),
+        keep_bytes: config.store.keep_bytes,
+    };
+    Ok(Arc::new(
+        tokio::task::spawn_blocking(move || Store::open(&dir, opts))
+            .await
+            .expect("store open task")?,
+    ))
+}
+
+/// Serves `/metrics`, the health checks, the admin API and the console.
+async fn start_http(
+    config: &Config,
+    shared: &Shared,
+    registry: &Registry,
+    history: History,
+    stop: watch::Receiver<bool>,
+) -> Result<(SocketAddr, JoinHandle<()>), StartError> {
     let on_scrape: http::OnScrape = {
-        let (store, metrics, clock, health) = (
-            store.clone(),
-            metrics.clone(),
-            clock.clone(),
-            health.clone(),
-        );
+        let Shared {
+            store,
+            metrics,
+            clock,
+            health,
+            ..
+        } = shared.clone();
         Arc::new(move || {
             let healthy = health.store_healthy.load(Ordering::Relaxed);
             metrics.refresh_from_store(&store, clock.now_ms(), healthy);
         })
     };
-    let (insert_tx, insert_rx) = mpsc::channel::<Wake>(1_024);
-    let history = crate::publish::history::History::default();
-    let console = console(&config, history.clone());
-    spawn_minutes(&console, &metrics, clock.clone(), stop_rest_rx.clone());
-    let admin = crate::admin::Admin {
-        store: store.clone(),
-        scheduler: insert_tx.clone(),
-        clock: clock.clone(),
-        metrics: metrics.clone(),
+    let console = admin::console::Console::new(config, history);
+    console.spawn_minutes(&shared.metrics, shared.clock.clone(), stop.clone());
+    let admin = admin::Admin {
+        store: shared.store.clone(),
+        scheduler: shared.inserts.clone(),
+        clock: shared.clock.clone(),
+        metrics: shared.metrics.clone(),
         token: config.http.admin_token.as_ref().map(|s| s.0.clone()),
         loopback: config.http.addr.ip().is_loopback(),
         max_delay_ms: config.contract.max_delay_ms,
@@ -142,51 +270,45 @@ pub async fn start(
         warn!(addr = %config.http.addr,
               "the admin API is off: the HTTP server listens beyond loopback and no --admin-token is set");
     }
-    let (http_addr, http_task) = http::serve(
+    http::serve(
         config.http.addr,
-        health.clone(),
+        shared.health.clone(),
         registry.clone(),
         on_scrape,
-        crate::admin::router(admin),
-        stop_rest_rx.clone(),
+        admin::router(admin),
+        stop,
     )
     .await
     .map_err(|source| StartError::Http {
         addr: config.http.addr,
         source,
-    })?;
-    info!(%http_addr, data_dir = %config.store.data_dir.display(), brokers = %config.kafka.brokers,
-          kafka_config = ?config.kafka.properties, "kafka-delay starting");
+    })
+}
 
-    let producer = kafka::producer(&config)?;
-    kafka::ensure_dead_letter_topic(&config, &producer).await?;
-    let dead = DeadLetters::new(
-        producer.clone(),
-        config.topics.dead_letter.clone(),
-        metrics.clone(),
-    );
-
-    let (due_tx, due_rx) = mpsc::channel(64);
-    // The counts by target and due time were restored when the store was opened; the wheel
-    // reads what is due within the horizon and reports itself armed.
-    let recovered = store.pending();
+/// The wheel's own thread and timer: under load, a timer on the shared runtime waits for a
+/// worker to finish what it is polling (ingest's batches, the publisher), which showed as
+/// milliseconds of lateness at the wheel. Returns the thread and a signal that the wheel is
+/// armed (recovery loaded what is due within the horizon).
+fn start_scheduler(
+    config: &Config,
+    shared: &Shared,
+    inserts: mpsc::Receiver<Wake>,
+    due: mpsc::Sender<Vec<Due>>,
+    stop: watch::Receiver<bool>,
+) -> Result<(std::thread::JoinHandle<()>, watch::Receiver<bool>), StartError> {
     let scheduler = Scheduler::new(
-        clock.clone(),
-        metrics.clone(),
-        store.clone(),
+        shared.clock.clone(),
+        shared.metrics.clone(),
+        shared.store.clone(),
         millis(config.wheel.horizon),
     );
-    let mut armed = scheduler.armed();
-    // The wheel's own thread and timer: under load, a timer on the shared runtime waits for a
-    // worker to finish what it is polling (ingest's batches, the publisher), which showed as
-    // milliseconds of lateness at the wheel.
+    let armed = scheduler.armed();
     let timer = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
         .map_err(StartError::Scheduler)?;
-    let stop_scheduler = stop_rest_rx.clone();
     let slice_wanted = config.wheel.scheduler_slice;
-    let scheduler = std::thread::Builder::new()
+    let thread = std::thread::Builder::new()
         .name("scheduler".into())
         .spawn(move || {
             // A slice of its own gets the thread onto a core soon after its timer fires when
@@ -200,98 +322,85 @@ pub async fn start(
                     Err(e) => warn!(error = %e, "cannot set the scheduler thread's time slice"),
                 }
             }
-            timer.block_on(scheduler.run(insert_rx, due_tx, stop_scheduler))
+            timer.block_on(scheduler.run(inserts, due, stop))
         })
         .map_err(StartError::Scheduler)?;
-    let (reports, completions) = Reports::new(clock.clone());
-    let publish_producer = kafka::publish_producer(&config, reports.clone())?;
-    // Its own producer: dead letters of bad input are acknowledged without waiting behind the
-    // deliveries in flight on the fire side.
-    let ingest_producer = kafka::producer(&config)?;
-    request_producer_ids(
-        &config.topics.dead_letter,
-        producer.clone(),
-        publish_producer.clone(),
-        ingest_producer.clone(),
-    )
-    .await;
-    let publisher = Publisher {
-        store: store.clone(),
+    Ok((thread, armed))
+}
+
+/// The publisher: due records to their targets, through the fire limits.
+fn publisher(
+    config: &Config,
+    shared: &Shared,
+    producer: &FutureProducer,
+    publish_producer: PublishProducer,
+    reports: Reports,
+    history: History,
+) -> Publisher {
+    Publisher {
+        store: shared.store.clone(),
         producer: publish_producer,
         reports,
-        dead: dead.clone(),
-        metrics: metrics.clone(),
-        clock: clock.clone(),
-        retries: insert_tx.clone(),
+        dead: DeadLetters::new(
+            producer.clone(),
+            config.topics.dead_letter.clone(),
+            shared.metrics.clone(),
+        ),
+        metrics: shared.metrics.clone(),
+        clock: shared.clock.clone(),
+        retries: shared.inserts.clone(),
         policy: RetryPolicy {
             max_attempts: config.fire.max_attempts,
             backoff_max_ms: millis(config.fire.backoff_max),
         },
         in_flight: config.fire.in_flight,
         limits: Arc::new(config.fire.limits.clone()),
-        history: history.clone(),
-    };
-    let publisher = tokio::spawn(publisher.run(due_rx, stop_rest_rx, completions));
+        history,
+    }
+}
 
-    let started = Instant::now();
-    let _ = armed.wait_for(|a| *a).await;
-    info!(
-        in_wheel = metrics.wheel_loaded.get(),
-        horizon_ms = millis(config.wheel.horizon),
-        seconds = format!("{:.3}", started.elapsed().as_secs_f64()),
-        "timing wheel armed"
-    );
-    metrics.recovered.set(recovered as i64);
-    metrics.pending.set(store.pending() as i64);
-
+/// Creates the retry topic when missing and starts consuming the delay topics, each partition
+/// from the offset RocksDB holds.
+async fn start_ingest(
+    config: &Config,
+    shared: &Shared,
+    producer: FutureProducer,
+    ingest_producer: FutureProducer,
+    stop: watch::Receiver<bool>,
+) -> Result<JoinHandle<()>, StartError> {
     let next_offsets = {
-        let s = store.clone();
+        let s = shared.store.clone();
         tokio::task::spawn_blocking(move || s.next_offsets())
             .await
             .expect("offsets task")?
     };
     if let Some(topic) = &config.topics.retry {
         if let Err(e) =
-            kafka::ensure_topic(&config, &producer, topic, config.topics.partitions).await
+            kafka::ensure_topic(config, &producer, topic, config.topics.partitions).await
         {
             warn!(%topic, error = %e, "the retry topic does not exist and could not be created");
         }
     }
-    let consumer = ingest::consumer(&config, store.clone(), metrics.clone())?;
+    let consumer = ingest::consumer(config, shared.store.clone(), shared.metrics.clone())?;
     let ingest = Ingest {
         consumer: Arc::new(consumer),
-        store: store.clone(),
+        store: shared.store.clone(),
         contract: config.contract.clone(),
-        clock,
-        metrics: metrics.clone(),
-        scheduler: insert_tx,
+        clock: shared.clock.clone(),
+        metrics: shared.metrics.clone(),
+        scheduler: shared.inserts.clone(),
         dead: DeadLetters::new(
             ingest_producer,
             config.topics.dead_letter.clone(),
-            metrics.clone(),
+            shared.metrics.clone(),
         ),
         next_offsets,
-        store_healthy: health.store_healthy.clone(),
-        dead_letter_topics: ingest::TopicCreator::new(Arc::new(config.clone()), producer.clone()),
+        store_healthy: shared.health.store_healthy.clone(),
+        dead_letter_topics: ingest::TopicCreator::new(Arc::new(config.clone()), producer),
         max_group: ingest::max_group(config.store.sync),
         stopping: None,
     };
-    let ingest = tokio::spawn(ingest.run(stop_ingest_rx));
-    health.ready.store(true, Ordering::Relaxed);
-    metrics.ready.set(1);
-    info!(recovered, "ready");
-    Ok(Running {
-        stop_ingest,
-        stop_rest,
-        ingest,
-        scheduler,
-        publisher,
-        http: http_task,
-        http_addr,
-        store,
-        metrics,
-        health,
-    })
+    Ok(tokio::spawn(ingest.run(stop)))
 }
 
 impl Running {
@@ -337,51 +446,4 @@ impl Running {
             }
         }
     }
-}
-
-/// What the web console reads besides the store.
-fn console(config: &Config, history: crate::publish::history::History) -> crate::console::Console {
-    use crate::console::dead_letters::{template_regex, Source};
-    let retry = &config.contract.retry;
-    let templates = std::iter::once(&retry.default)
-        .chain(retry.by_target.iter().map(|(_, p)| p))
-        .filter_map(|p| template_regex(&p.dead_letter))
-        .collect();
-    crate::console::Console {
-        history,
-        dead_letters: Source {
-            brokers: config.kafka.brokers.clone(),
-            kafka_config: config.kafka.properties.clone(),
-            topic: config.topics.dead_letter.clone(),
-            templates,
-        },
-        replays: crate::console::replays::Replays::default(),
-        minutes: crate::console::minutes::Minutes::default(),
-        instance_id: config.kafka.instance_id.clone(),
-        group_id: config.kafka.group_id.clone(),
-        http_addr: config.http.addr.to_string(),
-    }
-}
-
-/// Samples the fired and dead-lettered totals every 10 s for the console's per-minute counts.
-fn spawn_minutes(
-    console: &crate::console::Console,
-    metrics: &Metrics,
-    clock: Arc<dyn Clock>,
-    mut stop: watch::Receiver<bool>,
-) {
-    let (minutes, metrics) = (console.minutes.clone(), metrics.clone());
-    tokio::spawn(async move {
-        loop {
-            minutes.sample(
-                clock.now_ms(),
-                crate::console::total(&metrics.fired),
-                crate::console::total(&metrics.dead_lettered),
-            );
-            tokio::select! {
-                _ = stop.changed() => return,
-                _ = tokio::time::sleep(std::time::Duration::from_secs(10)) => {}
-            }
-        }
-    });
 }

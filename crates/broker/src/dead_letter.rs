@@ -144,6 +144,7 @@ impl DeadLetters {
             };
             if ok {
                 self.metrics
+                    .operating
                     .dead_lettered
                     .with_label_values(&[dl.reject.reason.code()])
                     .inc();
@@ -204,6 +205,7 @@ impl DeadLetters {
             let err = match self.send_once(dl, &headers, value).await {
                 Ok(()) => {
                     self.metrics
+                        .operating
                         .dead_lettered
                         .with_label_values(&[dl.reject.reason.code()])
                         .inc();
@@ -251,6 +253,7 @@ impl DeadLetters {
                 });
             }
             self.metrics
+                .fire
                 .produce_errors
                 .with_label_values(&["dead_letter"])
                 .inc();

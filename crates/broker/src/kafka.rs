@@ -83,24 +83,7 @@ pub fn producer(config: &Config) -> Result<FutureProducer, KafkaSetupError> {
         })
 }
 
-/// The producer that publishes due records: [`producer`]'s settings, with every delivery
-/// report sent to the publisher's completion task.
-///
-/// # Errors
-/// [`KafkaSetupError::Client`] for an invalid property.
-pub fn publish_producer(
-    config: &Config,
-    reports: crate::publish::reports::Reports,
-) -> Result<crate::publish::reports::PublishProducer, KafkaSetupError> {
-    producer_config(config)
-        .create_with_context(reports)
-        .map_err(|source| KafkaSetupError::Client {
-            client: "producer",
-            source,
-        })
-}
-
-/// The publishing producer's librdkafka settings (also what `kafka-delay bench` gives its plain
+/// The publishing producer's librdkafka settings (also what `kafka-delay-bench` gives its plain
 /// producers, so that they produce as the broker does).
 pub fn producer_config(config: &Config) -> ClientConfig {
     let mut c = base_config(config);

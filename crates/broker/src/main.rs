@@ -5,9 +5,9 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use anyhow::Context;
-use clap::Parser;
+use clap::{Args, Parser, Subcommand};
 use kafka_delay::clock::SystemClock;
-use kafka_delay::config::{Cli, Command, Config};
+use kafka_delay::config::{Config, RunArgs};
 use kafka_delay::kafka::Embedded;
 use prometheus::Registry;
 use tokio::signal::unix::{signal, SignalKind};
@@ -18,6 +18,36 @@ use tokio::signal::unix::{signal, SignalKind};
 #[cfg(feature = "jemalloc")]
 #[global_allocator]
 static ALLOCATOR: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// kafka-delay: delayed delivery and retries for Apache Kafka.
+#[derive(Debug, Parser)]
+#[command(name = "kafka-delay", version, about)]
+struct Cli {
+    /// What to do.
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Subcommands.
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run the delay broker.
+    Run(Box<RunArgs>),
+    /// Run only an embedded Kafka-protocol cluster (librdkafka's mock cluster) until stopped.
+    Sandbox(SandboxArgs),
+    /// Move dead-lettered records back to a topic, rate-limited, resetting their retry count.
+    Replay(kafka_delay::replay::ReplayArgs),
+    /// Produce a known set of delayed records and report lost, duplicated, early and late ones.
+    Verify(kafka_delay::verify::VerifyArgs),
+}
+
+/// Flags of `kafka-delay sandbox`.
+#[derive(Debug, Args)]
+struct SandboxArgs {
+    /// Number of brokers in the embedded cluster.
+    #[arg(long, env = "KAFKA_DELAY_SANDBOX_BROKERS", default_value_t = 1)]
+    brokers: i32,
+}
 
 fn main() -> ExitCode {
     let cli = Cli::parse();

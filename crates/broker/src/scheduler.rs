@@ -190,7 +190,8 @@ impl Scheduler {
         });
         self.loaded_until = target;
         self.metrics
-            .wheel_loaded_until
+            .wheel
+            .loaded_until
             .set((target / 1_000).min(i64::MAX as u64) as i64);
     }
 
@@ -206,7 +207,7 @@ impl Scheduler {
                 if let Some(&(due, id)) = entries.last() {
                     l.next = due_key_after(due, id);
                 }
-                self.metrics.wheel_loaded.inc_by(entries.len() as u64);
+                self.metrics.wheel.loaded.inc_by(entries.len() as u64);
                 self.hold(entries.into_iter());
                 if done {
                     self.loading = None;
@@ -252,7 +253,8 @@ impl Scheduler {
                 continue;
             }
             self.metrics
-                .fire_lateness
+                .fire
+                .lateness
                 .observe(now.saturating_sub(due) as f64 / 1000.0);
             batch.push(Due { id, at_ms: due });
         }
@@ -298,7 +300,7 @@ impl Scheduler {
             if batch.len() < MAX_BATCH {
                 self.collect(now, &mut batch);
             }
-            self.metrics.wheel_entries.set(self.len() as i64);
+            self.metrics.wheel.entries.set(self.len() as i64);
             if !batch.is_empty() {
                 match out.try_send(std::mem::take(&mut batch)) {
                     Ok(()) => continue,
@@ -415,7 +417,7 @@ mod tests {
 
     fn start_with(out_capacity: usize, index: Arc<Model>, horizon_ms: u64) -> Harness {
         let clock = ManualClock::new(T0);
-        let metrics = Metrics::new(&Registry::new()).unwrap();
+        let metrics = Metrics::new(&Registry::new(), &Default::default()).unwrap();
         let scheduler = Scheduler::new(Arc::new(clock.clone()), metrics, index.clone(), horizon_ms);
         let (tx, rx) = mpsc::channel(16);
         let (out_tx, out_rx) = mpsc::channel(out_capacity);
@@ -647,7 +649,7 @@ mod tests {
                     next_id += 1;
                 }
                 let registry = Registry::new();
-                let metrics = Metrics::new(&registry).unwrap();
+                let metrics = Metrics::new(&registry, &Default::default()).unwrap();
                 let clock = ManualClock::new(T0);
                 let scheduler = Scheduler::new(
                     Arc::new(clock.clone()), metrics.clone(), index.clone(), horizon);
@@ -689,7 +691,7 @@ mod tests {
                                 assert!(late.is_empty(), "due but not fired at {now}: {late:?}");
                                 let within = index.0.lock().unwrap().iter()
                                     .filter(|(d, _)| *d < now + horizon).count();
-                                let in_wheel = metrics.wheel_entries.get() as usize;
+                                let in_wheel = metrics.wheel.entries.get() as usize;
                                 assert!(in_wheel <= within,
                                     "{in_wheel} in the wheel, only {within} due within the horizon");
                             }

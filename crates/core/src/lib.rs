@@ -5,6 +5,7 @@
 //! - [`retry`]: retry policies (attempts, backoff, dead-letter topic) for consumers.
 //! - [`wheel`]: the hierarchical timing wheel of pending ids (O(1) insert and cancel).
 //! - [`limit`]: fire rate limits (GCRA buckets per target and global, spread windows).
+//! - [`time`]: durations and times as the headers and flags write them.
 //! - [`id`], [`clock`], [`hashing`]: record identity, time as epoch milliseconds, and the
 //!   hasher of the hot maps.
 //!
@@ -19,4 +20,5 @@ pub mod id;
 pub mod limit;
 pub mod record;
 pub mod retry;
+pub mod time;
 pub mod wheel;

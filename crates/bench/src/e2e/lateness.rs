@@ -115,7 +115,7 @@ impl Kafka {
         let probe_topic = format!("bench.lat{tag}.probe");
         self.create(&probe_topic, &producer, &config).await;
         let running = app::start(config, Arc::new(SystemClock), Registry::new()).await?;
-        let fired = running.metrics().fired.with_label_values(&[dst]);
+        let fired = running.metrics().fire.records.with_label_values(&[dst]);
         // Warm up until the broker consumes: one record, due at once.
         self.fill_topic(src, 1, 100, Some(dst)).await?;
         let warm = Instant::now() + Duration::from_secs(60);
@@ -212,9 +212,9 @@ impl Kafka {
         timeline.abort();
         probing.store(false, Ordering::Relaxed);
         let probe_ack_ms = percentiles(probe.await?);
-        let delivery = bucket_bounds(&running.metrics().delivery_lateness);
-        let wheel = bucket_bounds(&running.metrics().fire_lateness);
-        let produce = bucket_bounds(&running.metrics().produce_round_trip);
+        let delivery = bucket_bounds(&running.metrics().fire.delivery_lateness);
+        let wheel = bucket_bounds(&running.metrics().fire.lateness);
+        let produce = bucket_bounds(&running.metrics().fire.produce_round_trip);
         let received = fire.len() as u64;
         running.shutdown().await;
         Ok(Lateness {
@@ -326,16 +326,16 @@ async fn timeline(
         })
         .await
         .unwrap_or(-1);
-        let fired = metrics.fired.with_label_values(&[&dst]).get();
+        let fired = metrics.fire.records.with_label_values(&[&dst]).get();
         eprintln!(
             "{:4.0} {:9} {:9} {:9} {:9} {:9} {:9}",
             started.elapsed().as_secs_f64(),
             produced.load(std::sync::atomic::Ordering::Relaxed),
             in_kafka,
-            metrics.ingested.with_label_values(&[&src]).get(),
+            metrics.ingest.records.with_label_values(&[&src]).get(),
             fired,
-            metrics.pending.get(),
-            metrics.wheel_entries.get(),
+            metrics.pending.records.get(),
+            metrics.wheel.entries.get(),
         );
         if fired > total {
             return;

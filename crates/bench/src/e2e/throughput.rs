@@ -356,9 +356,14 @@ impl Kafka {
         let running = app::start(config, Arc::new(SystemClock), Registry::new()).await?;
         let ingested = running
             .metrics()
-            .ingested
+            .ingest
+            .records
             .with_label_values(&[src.as_str()]);
-        let fired = running.metrics().fired.with_label_values(&[dst.as_str()]);
+        let fired = running
+            .metrics()
+            .fire
+            .records
+            .with_label_values(&[dst.as_str()]);
         let deadline = Instant::now() + Duration::from_secs(600);
         let mut started = None;
         loop {

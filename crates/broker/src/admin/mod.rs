@@ -13,6 +13,7 @@
 //! early and nothing fires twice.
 
 mod bulk;
+pub mod console;
 mod guard;
 mod records;
 
@@ -84,7 +85,7 @@ pub struct Admin {
     /// Furthest a reschedule may move a record ahead of now.
     pub max_delay_ms: u64,
     /// What the web console's part of the API reads.
-    pub console: crate::console::Console,
+    pub console: console::Console,
 }
 
 impl std::fmt::Debug for Admin {
@@ -127,7 +128,7 @@ pub fn router(admin: Admin) -> Router {
         .route("/api/v1/bulk/reschedule", post(bulk_reschedule))
         .route("/api/v1/bulk/fire", post(bulk_fire))
         .with_state(admin.clone())
-        .merge(crate::console::router(admin))
+        .merge(console::router(admin))
 }
 
 impl Admin {
@@ -162,6 +163,7 @@ impl Admin {
 
     fn count(&self, action: &str, outcome: &str) {
         self.metrics
+            .operating
             .admin_requests
             .with_label_values(&[action, outcome])
             .inc();

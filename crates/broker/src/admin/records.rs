@@ -8,8 +8,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 
 use super::{bad, internal, Admin, ApiError, ApiResult, MAX_PAGE, SCAN_BUDGET};
-use crate::record::time::{parse_duration_ms, parse_epoch_ms_or_rfc3339};
 use crate::store::{Position, RecordId, Store, StoredRecord};
+use crate::time::{parse_duration_ms, parse_epoch_ms_or_rfc3339};
 
 /// A record id in the API: 16 hex digits.
 pub(super) fn parse_id(text: &str) -> Result<RecordId, ApiError> {
@@ -53,7 +53,7 @@ pub(super) fn detail(store: &Store, rid: RecordId, rec: &StoredRecord) -> Value 
     v["delay_id"] = text(rec.id());
     v["key"] = text(rec.key());
     v["value"] = text(rec.value());
-    v["value_hex"] = crate::console::hex(rec.value());
+    v["value_hex"] = crate::admin::console::hex(rec.value());
     v["value_bytes"] = json!(rec.value().map(<[u8]>::len));
     v["headers"] = rec
         .headers()

@@ -70,7 +70,7 @@ fn the_openapi_document_lists_exactly_the_routes() {
     documented.sort();
     let mut routes: Vec<(String, String)> = ROUTES
         .iter()
-        .chain(&crate::console::ROUTES)
+        .chain(&crate::admin::console::ROUTES)
         .map(|(m, p)| ((*m).into(), (*p).into()))
         .collect();
     routes.sort();
@@ -86,11 +86,11 @@ fn without_a_token_only_a_loopback_listener_answers() {
         store: store.clone(),
         scheduler: tx.clone(),
         clock: Arc::new(crate::clock::SystemClock),
-        metrics: Metrics::new(&prometheus::Registry::new()).unwrap(),
+        metrics: Metrics::new(&prometheus::Registry::new(), &Default::default()).unwrap(),
         token: token.map(str::to_owned),
         loopback,
         max_delay_ms: 1,
-        console: crate::console::Console::default(),
+        console: crate::admin::console::Console::default(),
     };
     let none = HeaderMap::new();
     let mut good = HeaderMap::new();

@@ -1,4 +1,4 @@
-//! Command line and environment: every flag has a `KAFKA_DELAY_*` variable.
+//! The broker's configuration: every flag of `kafka-delay run` has a `KAFKA_DELAY_*` variable.
 //!
 //! [`RunArgs`] is what clap parses (`args.rs`, flags grouped by concern, durations and rates
 //! already typed by the value parsers of `parse.rs`); [`RunArgs::validate`] (`validate.rs`)
@@ -14,46 +14,37 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
-
 pub use args::{
     FireArgs, HttpArgs, KafkaArgs, LogFormat, RecordArgs, RetryArgs, RunArgs, StoreArgs, WheelArgs,
 };
 pub use error::ConfigError;
 pub use parse::{kafka_prop as parse_kafka_prop, millis};
 
+impl RunArgs {
+    /// Parses the flags of `kafka-delay run` (and their variables) alone, as the binary does:
+    /// for tools and tests that run a broker in their own process.
+    ///
+    /// # Errors
+    /// clap's error for a flag that does not parse.
+    pub fn try_parse_flags<I, T>(flags: I) -> Result<Self, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<std::ffi::OsString> + Clone,
+    {
+        #[derive(Debug, clap::Parser)]
+        #[command(name = "kafka-delay run")]
+        struct Run {
+            #[command(flatten)]
+            run: RunArgs,
+        }
+        let argv =
+            std::iter::once("kafka-delay run".into()).chain(flags.into_iter().map(Into::into));
+        <Run as clap::Parser>::try_parse_from(argv).map(|r| r.run)
+    }
+}
+
 use crate::limit::Limits;
 use crate::record::Contract;
-
-/// kafka-delay: delayed delivery and retries for Apache Kafka.
-#[derive(Debug, Parser)]
-#[command(name = "kafka-delay", version, about)]
-pub struct Cli {
-    /// What to do.
-    #[command(subcommand)]
-    pub command: Command,
-}
-
-/// Subcommands.
-#[derive(Debug, Subcommand)]
-pub enum Command {
-    /// Run the delay broker.
-    Run(Box<RunArgs>),
-    /// Run only an embedded Kafka-protocol cluster (librdkafka's mock cluster) until stopped.
-    Sandbox(SandboxArgs),
-    /// Move dead-lettered records back to a topic, rate-limited, resetting their retry count.
-    Replay(crate::replay::ReplayArgs),
-    /// Produce a known set of delayed records and report lost, duplicated, early and late ones.
-    Verify(crate::verify::VerifyArgs),
-}
-
-/// Flags of `kafka-delay sandbox`.
-#[derive(Debug, Args)]
-pub struct SandboxArgs {
-    /// Number of brokers in the embedded cluster.
-    #[arg(long, env = "KAFKA_DELAY_SANDBOX_BROKERS", default_value_t = 1)]
-    pub brokers: i32,
-}
 
 /// Validated configuration of the broker, grouped as the flags are.
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::record::time::parse_duration_ms;
+use crate::time::parse_duration_ms;
 
 use super::KafkaProp;
 

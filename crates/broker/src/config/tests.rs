@@ -1,20 +1,11 @@
 use std::time::Duration;
 
-use clap::Parser;
-
 use super::*;
 use crate::retry;
 
 fn parse(args: &[&str]) -> Result<Config, String> {
-    let mut full = vec!["kafka-delay", "run"];
-    full.extend_from_slice(args);
-    let cli = Cli::try_parse_from(full).map_err(|e| e.to_string())?;
-    match cli.command {
-        Command::Run(a) => a.validate().map_err(|e| e.to_string()),
-        Command::Sandbox(_) | Command::Replay(_) | Command::Verify(_) => {
-            unreachable!("run was parsed")
-        }
-    }
+    let run = RunArgs::try_parse_flags(args).map_err(|e| e.to_string())?;
+    run.validate().map_err(|e| e.to_string())
 }
 
 #[test]

@@ -29,6 +29,7 @@ impl ClientContext for IngestContext {
                     continue;
                 }
                 self.metrics
+                    .ingest
                     .consumer_lag
                     .with_label_values(&[topic.as_str(), &partition.to_string()])
                     .set(p.consumer_lag);

@@ -14,25 +14,27 @@
 //! is skipped. A RocksDB write failure (a full disk) pauses consumption and is retried; no
 //! offset is stored for anything not in RocksDB. The task never sleeps on a due time.
 
+mod consumer;
 mod context;
+mod topics;
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Message};
-use rdkafka::producer::FutureProducer;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
+pub use consumer::{consumer, consumer_config, max_group, ready_now};
 pub use context::IngestContext;
+pub use topics::TopicCreator;
 
 use crate::clock::Clock;
-use crate::config::Config;
 use crate::dead_letter::{DeadLetter, DeadLetters, Origin};
-use crate::kafka::{base_config, ensure_topic, header_refs, KafkaSetupError};
+use crate::kafka::header_refs;
 use crate::metrics::Metrics;
 use crate::record::{Command, Contract, HeaderRef, Incoming, Reject};
 use crate::scheduler::{Inserts, Wake};
@@ -66,90 +68,6 @@ where
     tokio::time::timeout(wait, rx).await.ok()?.ok()
 }
 
-/// Most records in one group. A group only fills when the consumer has a backlog. With `sync`
-/// each group costs one fsync, so larger groups mean fewer fsyncs; without it, a large group
-/// keeps a runtime worker from the publisher for longer and delivery lateness grows
-/// (docs/decisions.md has the figures).
-pub fn max_group(sync: bool) -> usize {
-    if sync {
-        2_048
-    } else {
-        512
-    }
-}
-
-/// The ingest consumer's librdkafka configuration (also what `kafka-delay bench` gives its
-/// passthrough consumer, so that both read Kafka the same way).
-pub fn consumer_config(config: &Config) -> rdkafka::ClientConfig {
-    let mut c = base_config(config);
-    c.set("group.id", &config.kafka.group_id)
-        .set("enable.auto.offset.store", "false")
-        .set("allow.auto.create.topics", "false")
-        .set(
-            "topic.metadata.refresh.interval.ms",
-            crate::config::millis(config.kafka.topic_refresh).to_string(),
-        );
-    if let Some(id) = &config.kafka.instance_id {
-        c.set("group.instance.id", id);
-    }
-    let defaults = [
-        ("enable.auto.commit", "true"),
-        ("auto.commit.interval.ms", "1000"),
-        ("auto.offset.reset", "earliest"),
-        // Low enough that a restarted instance is consuming again within seconds even where
-        // the cluster does not honour static membership; the minimum Kafka brokers allow.
-        ("session.timeout.ms", "6000"),
-        ("isolation.level", "read_committed"),
-        // Kafka answers a fetch as soon as data arrives; brokers that hold a fetch for its
-        // whole wait (librdkafka's mock cluster) would add up to this much to ingest latency.
-        ("fetch.wait.max.ms", "100"),
-        // Once more than `queued.min.messages` (100,000) records wait in the local queue,
-        // librdkafka postpones the next fetch by this much (its default is a whole second): a
-        // backlog bigger than that was consumed in bursts with one-second pauses between them.
-        ("fetch.queue.backoff.ms", "10"),
-        // Consumer lag per partition for the metrics.
-        ("statistics.interval.ms", "5000"),
-    ];
-    for (k, v) in defaults {
-        if !config.kafka.properties.iter().any(|p| p.key == k) {
-            c.set(k, v);
-        }
-    }
-    c
-}
-
-/// Creates the consumer and subscribes it to the source pattern.
-///
-/// # Errors
-/// [`KafkaSetupError::Client`] for an invalid property or pattern.
-pub fn consumer(
-    config: &Config,
-    store: Arc<Store>,
-    metrics: Metrics,
-) -> Result<StreamConsumer<IngestContext>, KafkaSetupError> {
-    let c = consumer_config(config);
-    let consumer: StreamConsumer<IngestContext> = c
-        .create_with_context(IngestContext { store, metrics })
-        .map_err(|source| KafkaSetupError::Client {
-            client: "consumer",
-            source,
-        })?;
-    // librdkafka treats a subscription starting with ^ as a regex.
-    let pattern = config.contract.source_pattern.as_str();
-    let subscription = if pattern.starts_with('^') {
-        pattern.to_owned()
-    } else {
-        format!("^.*{pattern}")
-    };
-    consumer
-        .subscribe(&[&subscription])
-        .map_err(|source| KafkaSetupError::Client {
-            client: "consumer subscription",
-            source,
-        })?;
-    Ok(consumer)
-}
-
 /// What a group of consumed records comes to.
 struct Interpreted<'m> {
     /// The store operations, in offset order.
@@ -158,17 +76,6 @@ struct Interpreted<'m> {
     dead: Vec<DeadLetter>,
     /// The last offset of each source partition in the group, by the partition's store id.
     last: HashMap<Pid, (&'m str, i32, i64)>,
-}
-
-/// Polls `future` once and returns its output if it is ready at once: how a group takes what
-/// the consumer already holds without arming a timer per record.
-pub fn ready_now<F: std::future::Future>(future: F) -> Option<F::Output> {
-    let mut future = std::pin::pin!(future);
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    match future.as_mut().poll(&mut cx) {
-        std::task::Poll::Ready(out) => Some(out),
-        std::task::Poll::Pending => None,
-    }
 }
 
 /// The ingest task's state.
@@ -197,49 +104,6 @@ pub struct Ingest {
     pub max_group: usize,
     /// Set by [`Ingest::run`]: a RocksDB write that keeps failing gives up when it turns true.
     pub stopping: Option<watch::Receiver<bool>>,
-}
-
-/// Creates topics the broker writes to on first use (the retry dead-letter topics), once each.
-#[derive(Clone)]
-pub struct TopicCreator {
-    config: Arc<Config>,
-    producer: FutureProducer,
-    known: HashSet<String>,
-}
-
-impl std::fmt::Debug for TopicCreator {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TopicCreator")
-            .field("known", &self.known.len())
-            .finish_non_exhaustive()
-    }
-}
-
-impl TopicCreator {
-    /// Topics are created with `config.topics.partitions` partitions.
-    pub fn new(config: Arc<Config>, producer: FutureProducer) -> Self {
-        Self {
-            config,
-            producer,
-            known: HashSet::new(),
-        }
-    }
-
-    /// Makes sure `topic` exists. When it cannot be created the record is still scheduled: the
-    /// fire path retries it and then dead-letters it to the broker's topic, so nothing is lost.
-    async fn ensure(&mut self, topic: &str) {
-        if self.known.contains(topic) {
-            return;
-        }
-        let partitions = self.config.topics.partitions;
-        match ensure_topic(&self.config, &self.producer, topic, partitions).await {
-            Ok(()) => {
-                info!(%topic, "retry dead-letter topic ready");
-                self.known.insert(topic.to_owned());
-            }
-            Err(e) => warn!(%topic, error = %e, "cannot create a retry dead-letter topic"),
-        }
-    }
 }
 
 impl std::fmt::Debug for Ingest {
@@ -338,9 +202,15 @@ impl Ingest {
             }
             self.next_offsets.insert(pid, offset + 1);
         }
-        self.metrics.replaced.inc_by(applied.replaced as u64);
-        self.metrics.cancelled.inc_by(applied.cancelled as u64);
-        self.metrics.pending.set(self.store.pending() as i64);
+        self.metrics.ingest.replaced.inc_by(applied.replaced as u64);
+        self.metrics
+            .ingest
+            .cancelled
+            .inc_by(applied.cancelled as u64);
+        self.metrics
+            .pending
+            .records
+            .set(self.store.pending() as i64);
         if !applied.inserted.is_empty()
             && self
                 .scheduler
@@ -416,7 +286,7 @@ impl Ingest {
             }
             out.last.insert(pid, (topic, partition, offset));
         }
-        crate::metrics::count_each(&self.metrics.ingested, ingested);
+        crate::metrics::count_each(&self.metrics.ingest.records, ingested);
         out
     }
 
@@ -433,7 +303,8 @@ impl Ingest {
             Ok(Command::Retry { schedule, attempt }) => {
                 debug!(%topic, partition, offset, target = %schedule.target(), attempt, "retry");
                 self.metrics
-                    .retries
+                    .retry
+                    .records
                     .with_label_values(&[schedule.target()])
                     .inc();
                 schedule
@@ -442,7 +313,8 @@ impl Ingest {
                 debug!(%topic, partition, offset, %target, dead_letter = %schedule.target(),
                        "retries exhausted");
                 self.metrics
-                    .retries_exhausted
+                    .retry
+                    .exhausted
                     .with_label_values(&[&target])
                     .inc();
                 self.dead_letter_topics.ensure(schedule.target()).await;
@@ -453,6 +325,7 @@ impl Ingest {
                 debug!(%topic, partition, offset, reason = %reject.reason, detail = %reject.detail,
                        "record rejected");
                 self.metrics
+                    .ingest
                     .rejected
                     .with_label_values(&[reject.reason.code()])
                     .inc();
@@ -515,17 +388,14 @@ impl Ingest {
 
 #[cfg(test)]
 mod tests {
-    use clap::Parser;
 
-    use crate::config::{Cli, Command, Config};
+    use crate::config::{Config, RunArgs};
 
     fn config(extra: &[&str]) -> Config {
-        let mut argv = vec!["kafka-delay", "run", "--brokers", "127.0.0.1:9092"];
-        argv.extend_from_slice(extra);
-        match Cli::try_parse_from(argv).expect("flags parse").command {
-            Command::Run(run) => run.validate().expect("valid"),
-            _ => unreachable!("a run command"),
-        }
+        let mut flags = vec!["--brokers", "127.0.0.1:9092"];
+        flags.extend_from_slice(extra);
+        let run = RunArgs::try_parse_flags(flags).expect("flags parse");
+        run.validate().expect("valid")
     }
 
     #[test]

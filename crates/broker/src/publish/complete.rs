@@ -104,7 +104,10 @@ impl Publisher {
         if !retry.is_empty() && self.retries.send(Wake::Retry(retry)).await.is_err() {
             info!("scheduler stopped; records awaiting a retry fire again after restart");
         }
-        self.metrics.pending.set(self.store.pending() as i64);
+        self.metrics
+            .pending
+            .records
+            .set(self.store.pending() as i64);
     }
 
     /// Records a delivered record's lateness and round trip, and what the console shows of it.
@@ -113,14 +116,17 @@ impl Publisher {
         // held it); what a limit added is kept apart.
         let due_ms = sent.record.due_ms();
         self.metrics
+            .fire
             .delivery_lateness
             .observe(reported_ms.saturating_sub(sent.released_ms.max(due_ms)) as f64 / 1000.0);
         if sent.released_ms > due_ms {
             self.metrics
-                .fire_limit_lateness
+                .fire
+                .limit_lateness
                 .observe((sent.released_ms - due_ms) as f64 / 1000.0);
         }
         self.metrics
+            .fire
             .produce_round_trip
             .observe(reported_ms.saturating_sub(sent.sent_ms) as f64 / 1000.0);
         history::Fired {
@@ -144,7 +150,11 @@ impl Publisher {
         attempts: &AttemptMap,
     ) -> Failed {
         let (failure, kind) = classify(err);
-        self.metrics.produce_errors.with_label_values(&[kind]).inc();
+        self.metrics
+            .fire
+            .produce_errors
+            .with_label_values(&[kind])
+            .inc();
         let a = {
             let mut map = attempts.lock().unwrap_or_else(|e| e.into_inner());
             let a = map.entry(sent.id).or_default();
@@ -182,7 +192,7 @@ impl Publisher {
     /// Counts delivered records by target and forgets their failed attempts.
     fn count_fired(&self, delivered: &[Arc<Sent>], attempts: &AttemptMap) {
         crate::metrics::count_each(
-            &self.metrics.fired,
+            &self.metrics.fire.records,
             delivered.iter().map(|s| s.record.target()),
         );
         let mut attempts = attempts.lock().unwrap_or_else(|e| e.into_inner());

@@ -34,7 +34,8 @@ impl Publisher {
             read_at,
         } = fire;
         self.metrics
-            .fire_skipped
+            .fire
+            .skipped
             .inc_by((already_claimed + gone.len() + moved.len()) as u64);
         if !gone.is_empty() || !moved.is_empty() {
             let mut forgot = false;
@@ -140,11 +141,11 @@ impl Publisher {
             }
         }
         crate::metrics::count_each(
-            &self.metrics.fire_held_total,
+            &self.metrics.fire.held_total,
             held_targets.iter().map(StoredRecord::target),
         );
         drop(held_targets);
-        self.metrics.fire_skipped.inc_by(early.len() as u64);
+        self.metrics.fire.skipped.inc_by(early.len() as u64);
         self.store
             .release(held.iter().map(|&(_, id)| id).chain(early));
         self.count_held(limiter);
@@ -158,7 +159,8 @@ impl Publisher {
     pub(super) fn count_held(&self, limiter: &Limiter) {
         for (target, n) in limiter.held_by_target() {
             self.metrics
-                .fire_held
+                .fire
+                .held
                 .with_label_values(&[target])
                 .set(n as i64);
         }

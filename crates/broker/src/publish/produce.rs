@@ -66,6 +66,7 @@ impl Publisher {
                     sent = rec.delivery_opaque;
                     headers = rec.headers;
                     self.metrics
+                        .fire
                         .produce_errors
                         .with_label_values(&["queue_full"])
                         .inc();

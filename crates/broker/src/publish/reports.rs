@@ -15,6 +15,8 @@ use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::Outcome;
 use crate::clock::Clock;
+use crate::config::Config;
+use crate::kafka::{producer_config, KafkaSetupError};
 use crate::store::{ReadMark, RecordId, StoredRecord};
 
 /// A record handed to the producer, until its outcome has been handled (it holds the
@@ -31,6 +33,23 @@ pub struct Sent {
     pub(crate) released_ms: u64,
     /// The store's change count when it was claimed, for the delete after delivery.
     pub(crate) read_at: ReadMark,
+}
+
+/// The producer that publishes due records: [`producer_config`]'s settings, with every delivery
+/// report sent to the completion task.
+///
+/// # Errors
+/// [`KafkaSetupError::Client`] for an invalid property.
+pub fn publish_producer(
+    config: &Config,
+    reports: Reports,
+) -> Result<PublishProducer, KafkaSetupError> {
+    producer_config(config)
+        .create_with_context(reports)
+        .map_err(|source| KafkaSetupError::Client {
+            client: "producer",
+            source,
+        })
 }
 
 /// The publishing producer's context: sends every delivery report to the completion task.

@@ -11,10 +11,9 @@ use super::{io, Result, Store};
 /// `Store::due_garbage`): 1 MB of keys, about half a second of deliveries at 130K records/s.
 /// Far more than the publisher's in-flight window (10,000 records by default), because the
 /// entries of records still in flight lie among the gathered ones and end their runs, and each
-/// end costs an iterator seek through every memtable and table file of the index. With 4,096
-/// almost every entry was a run of its own once the index had table files: 1.2-1.6 us per
-/// record end to end in runs of 1.5M records, against 0.24 us with this many (BENCHMARKS.md,
-/// "What was tried").
+/// end costs an iterator seek through every memtable and table file of the index: with a few
+/// thousand almost every entry is a run of its own once the index has table files, several
+/// times the cost per record of this many (docs/decisions.md).
 pub(super) const GATHER_DUE_DELETES: usize = if cfg!(test) { 16 } else { 65_536 };
 
 /// Shortest run of adjacent due-index entries deleted with one range tombstone. A range

@@ -1,6 +1,6 @@
 //! Records due soon, kept in memory as well as in RocksDB until they fire, so that firing them
 //! needs no read (the read before publishing was about a tenth of the broker's CPU per record
-//! at full throughput, BENCHMARKS.md, "What was tried").
+//! at full throughput, docs/decisions.md).
 //!
 //! A copy, never the only one: every record here is also in the `records` column, and a record
 //! not found here is read from there. The store keeps it true (see `Store::claim`):

@@ -12,7 +12,7 @@
 //! flight.
 //!
 //! Before this, every delete after delivery and every gathered due-index delete was synced
-//! too: with `--sync` they were about half of all fsyncs (BENCHMARKS.md, "What was tried").
+//! too: with `--sync` they were about half of all fsyncs (docs/decisions.md).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -28,7 +28,7 @@ use regex::Regex;
 
 use crate::hashing::BuildMul;
 use crate::id::RecordId;
-use crate::record::time::parse_duration_ms;
+use crate::time::parse_duration_ms;
 
 /// Highest rate a rule may give, records per second.
 pub const MAX_RATE: f64 = 1_000_000.0;

@@ -9,7 +9,6 @@ mod compat;
 mod reason;
 mod retrying;
 mod stored;
-pub mod time;
 
 pub use reason::{Reason, Reject};
 pub use stored::StoredRecord;
@@ -17,6 +16,7 @@ pub use stored::StoredRecord;
 use regex::Regex;
 
 use crate::retry::{self, Retries};
+use crate::time;
 
 /// Header names of the contract.
 pub mod names {

@@ -3,10 +3,11 @@
 //! dead-letter topic once its attempts are used up.
 
 use super::{
-    control, names, time, user_headers, Command, Contract, Header, HeaderRef, Incoming, Reason,
-    Reject, StoredRecord,
+    control, names, user_headers, Command, Contract, Header, HeaderRef, Incoming, Reason, Reject,
+    StoredRecord,
 };
 use crate::retry::{self, names as rn, Policy};
+use crate::time;
 
 /// What a retry's headers say about the attempts before this one.
 struct Attempts {

@@ -10,7 +10,7 @@
 
 use regex::Regex;
 
-use crate::record::time::parse_duration_ms;
+use crate::time::parse_duration_ms;
 
 /// Header names of the retry contract.
 pub mod names {

@@ -21,7 +21,14 @@ use prometheus::core::Collector;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
 use crate::admin::{bad, internal, Admin, ApiError, ApiResult};
+use crate::clock::Clock;
+use crate::config::Config;
+use crate::metrics::Metrics;
 use crate::publish::history;
 use crate::replay::{Filter, Replay};
 
@@ -138,7 +145,8 @@ async fn overview(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
         .collect();
     let held: Vec<Value> = a
         .metrics
-        .fire_held
+        .fire
+        .held
         .collect()
         .iter()
         .flat_map(|mf| mf.get_metric())
@@ -149,7 +157,10 @@ async fn overview(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
         })
         .collect();
     let c = &a.console;
-    let (fired, dead) = (total(&a.metrics.fired), total(&a.metrics.dead_lettered));
+    let (fired, dead) = (
+        total(&a.metrics.fire.records),
+        total(&a.metrics.operating.dead_lettered),
+    );
     let minutes = c.minutes.per_minute(now, fired, dead);
     Ok(Json(json!({
         "now_ms": now,
@@ -169,10 +180,10 @@ async fn overview(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
         "fired_total": fired,
         "dead_lettered_total": dead,
         "lateness_ms": {
-            "fire_p50": quantile_ms(&a.metrics.fire_lateness, 0.5),
-            "fire_p99": quantile_ms(&a.metrics.fire_lateness, 0.99),
-            "delivery_p50": quantile_ms(&a.metrics.delivery_lateness, 0.5),
-            "delivery_p99": quantile_ms(&a.metrics.delivery_lateness, 0.99),
+            "fire_p50": quantile_ms(&a.metrics.fire.lateness, 0.5),
+            "fire_p99": quantile_ms(&a.metrics.fire.lateness, 0.99),
+            "delivery_p50": quantile_ms(&a.metrics.fire.delivery_lateness, 0.5),
+            "delivery_p99": quantile_ms(&a.metrics.fire.delivery_lateness, 0.99),
         },
     })))
 }
@@ -336,4 +347,54 @@ pub struct Console {
     pub group_id: String,
     /// Its HTTP address, as configured.
     pub http_addr: String,
+}
+
+impl Console {
+    /// What the console reads besides the store, from the broker's configuration: the
+    /// dead-letter topics are the broker's and those the retry policies name.
+    pub fn new(config: &Config, history: history::History) -> Self {
+        let retry = &config.contract.retry;
+        let templates = std::iter::once(&retry.default)
+            .chain(retry.by_target.iter().map(|(_, p)| p))
+            .filter_map(|p| dead_letters::template_regex(&p.dead_letter))
+            .collect();
+        Self {
+            history,
+            dead_letters: dead_letters::Source {
+                brokers: config.kafka.brokers.clone(),
+                kafka_config: config.kafka.properties.clone(),
+                topic: config.topics.dead_letter.clone(),
+                templates,
+            },
+            replays: replays::Replays::default(),
+            minutes: minutes::Minutes::default(),
+            instance_id: config.kafka.instance_id.clone(),
+            group_id: config.kafka.group_id.clone(),
+            http_addr: config.http.addr.to_string(),
+        }
+    }
+
+    /// Samples the fired and dead-lettered totals every 10 s for the per-minute counts, until
+    /// `stop`.
+    pub fn spawn_minutes(
+        &self,
+        metrics: &Metrics,
+        clock: Arc<dyn Clock>,
+        mut stop: watch::Receiver<bool>,
+    ) {
+        let (minutes, metrics) = (self.minutes.clone(), metrics.clone());
+        tokio::spawn(async move {
+            loop {
+                minutes.sample(
+                    clock.now_ms(),
+                    total(&metrics.fire.records),
+                    total(&metrics.operating.dead_lettered),
+                );
+                tokio::select! {
+                    _ = stop.changed() => return,
+                    _ = tokio::time::sleep(std::time::Duration::from_secs(10)) => {}
+                }
+            }
+        });
+    }
 }
