@@ -70,7 +70,7 @@ lint: deps
 # (The criterion bench takes no --skip: it runs in a command of its own.)
 test: deps kafka python console
 	cargo test --workspace --features kafka-delay/failpoints --lib --bins --tests --examples -- --skip apache_kafka_
-	cargo test -p kafka-delay-bench --bench timers
+	cargo test --workspace --features kafka-delay/failpoints --bench timers
 	cd clients/python && python3 -m pytest -q tests
 	cd clients/go && go test -count=1 ./...
 	cd clients/java && mvn -B -ntp install
