@@ -9,7 +9,7 @@
 //! holds 10M entries and reports its resident-memory growth per entry.
 //!
 //! `cargo bench --bench timers` prints criterion's figures, then a table of ns per record with
-//! ratios, and writes it to `$CARGO_TARGET_DIR/bench-timers.json` (or `target/`).
+//! ratios, and writes it to `$CARGO_TARGET_DIR/bench-timers.json` (or the repository's `target/`).
 //! `KAFKA_DELAY_BENCH_SIZES=100000,1000000` limits the sizes.
 
 use std::cmp::Reverse;
@@ -394,7 +394,8 @@ fn report(sizes: &[usize]) {
         );
         memory.insert(s.into(), serde_json::json!(b));
     }
-    let dir = std::env::var("CARGO_TARGET_DIR").unwrap_or_else(|_| "target".into());
+    let dir = std::env::var("CARGO_TARGET_DIR")
+        .unwrap_or_else(|_| concat!(env!("CARGO_MANIFEST_DIR"), "/../../target").into());
     let path = std::path::Path::new(&dir).join("bench-timers.json");
     let json = serde_json::json!({ "ops_per_sample": OPS, "per_record": rows, "memory_bytes_per_entry": memory });
     match std::fs::write(&path, serde_json::to_string_pretty(&json).unwrap()) {

@@ -1,4 +1,4 @@
-//! `kafka-delay bench store-cycle`: what the store costs per record on the broker's path, with
+//! `kafka-delay-bench store-cycle`: what the store costs per record on the broker's path, with
 //! no Kafka in the way: ingest ([`Store::apply`]), the claim and read before publishing
 //! ([`Store::claim_and_read`]) and the delete after the acknowledgement ([`Store::delivered`]),
 //! the calls the publisher makes, in batches, the deletes
@@ -24,7 +24,7 @@ use super::harness::median;
 use kafka_delay::record::StoredRecord;
 use kafka_delay::store::{IngestOp, Pid, RecordId, Store, StoreOptions};
 
-/// Flags of `kafka-delay bench store-cycle`.
+/// Flags of `kafka-delay-bench store-cycle`.
 #[derive(Debug, Args)]
 pub struct CycleArgs {
     /// Records through each store.

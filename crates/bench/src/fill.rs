@@ -1,4 +1,4 @@
-//! `kafka-delay bench fill`: pending records written straight into a data directory through
+//! `kafka-delay-bench fill`: pending records written straight into a data directory through
 //! the same [`Store::apply`] ingest uses, so that recovery and memory can be measured with
 //! millions of records pending without a Kafka that holds them first.
 
@@ -12,7 +12,7 @@ use kafka_delay::record::StoredRecord;
 use kafka_delay::store::{IngestOp, Store, StoreError, StoreOptions};
 use kafka_delay::time::parse_duration_ms;
 
-/// Flags of `kafka-delay bench fill`.
+/// Flags of `kafka-delay-bench fill`.
 #[derive(Debug, Args)]
 pub struct FillArgs {
     /// The broker's data directory (created if missing; the broker must not be running).

@@ -1,4 +1,4 @@
-//! `kafka-delay bench head-seek`: the head of the due index after millions of fired records
+//! `kafka-delay-bench head-seek`: the head of the due index after millions of fired records
 //! were deleted the way the publisher deletes them, against a store that never held them.
 
 use std::path::PathBuf;
@@ -10,7 +10,7 @@ use super::fill::{fill, FillArgs, FillError, FILL_BATCH};
 use super::harness::median;
 use kafka_delay::store::{Store, StoreOptions};
 
-/// Flags of `kafka-delay bench head-seek`.
+/// Flags of `kafka-delay-bench head-seek`.
 #[derive(Debug, Args)]
 pub struct HeadSeekArgs {
     /// Records written, then fired (deleted) in due order.

@@ -1,4 +1,4 @@
-//! `kafka-delay bench`: the figures that need a whole broker (see BENCHMARKS.md). Every
+//! `kafka-delay-bench`: the figures that need a whole broker (see BENCHMARKS.md). Every
 //! benchmark prints a table on stdout and writes its figures as JSON (`--json`).
 //!
 //! - `bench e2e` (`e2e/`): records per second through the broker against a plain
@@ -35,7 +35,7 @@ pub use recovery::{run_recovery, Recovery, RecoveryArgs};
 /// Why a benchmark could not run.
 pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
 
-/// Flags of `kafka-delay bench`.
+/// Flags of `kafka-delay-bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
     /// Which benchmark.

@@ -1,4 +1,4 @@
-//! `kafka-delay bench recovery`: a broker process's start to ready (pending counts restored,
+//! `kafka-delay-bench recovery`: a broker process's start to ready (pending counts restored,
 //! the wheel armed with what is due within the horizon, consuming) with N records pending in
 //! RocksDB, and its resident memory then, against re-consuming the same N records from Kafka in
 //! the same run: what a scheduler without a local store does at every start.
@@ -32,7 +32,7 @@ use super::harness::{config, Kafka};
 use super::{fill, BenchError, FillArgs};
 use kafka_delay::time::parse_duration_ms;
 
-/// Flags of `kafka-delay bench recovery`.
+/// Flags of `kafka-delay-bench recovery`.
 #[derive(Debug, Args)]
 pub struct RecoveryArgs {
     /// Records pending in RocksDB, one measurement per count, comma-separated.

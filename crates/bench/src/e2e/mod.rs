@@ -1,4 +1,4 @@
-//! `kafka-delay bench e2e`: throughput through the broker divided by a passthrough's, and
+//! `kafka-delay-bench e2e`: throughput through the broker divided by a passthrough's, and
 //! lateness under load.
 //!
 //! Throughput: for each value size, N records with the delay headers are produced to a topic
@@ -37,7 +37,7 @@ use super::harness::Kafka;
 use super::BenchError;
 use kafka_delay::time::parse_duration_ms;
 
-/// Flags of `kafka-delay bench e2e`.
+/// Flags of `kafka-delay-bench e2e`.
 #[derive(Debug, Args)]
 pub struct E2eArgs {
     /// Kafka bootstrap servers; without it an embedded cluster (librdkafka's mock) is started.

@@ -171,6 +171,12 @@ fn bad_flags_say_what_to_fix() {
         let err = parse(args).unwrap_err();
         assert!(err.contains(want), "{args:?}: {err}");
     }
+    // A horizon too short is reported as such, not as the keep window being longer than it.
+    let err = parse(&["--brokers", "a:1", "--horizon", "500ms"]).unwrap_err();
+    assert!(
+        err.contains("--horizon must be at least 1s (got 500ms)"),
+        "{err}"
+    );
     let err = parse(&["--brokers", "a:1", "--http-addr", "nowhere"]).unwrap_err();
     assert!(err.contains("--http-addr"), "{err}");
 }

@@ -43,12 +43,14 @@ impl RunArgs {
     /// A [`ConfigError`] naming the flag (and its variable) and what to change.
     pub fn validate(&self) -> Result<Config, ConfigError> {
         let contract = self.contract()?;
+        // The wheel before the store: a horizon too short is the first thing to fix.
+        let wheel = self.wheel()?;
         Ok(Config {
             kafka: self.kafka()?,
             topics: self.topics(&contract)?,
             contract,
             store: self.store()?,
-            wheel: self.wheel()?,
+            wheel,
             fire: self.fire()?,
             http: self.http()?,
             log_json: self.http.log_format == LogFormat::Json,

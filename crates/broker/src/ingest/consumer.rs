@@ -23,7 +23,7 @@ pub fn max_group(sync: bool) -> usize {
     }
 }
 
-/// The ingest consumer's librdkafka configuration (also what `kafka-delay bench` gives its
+/// The ingest consumer's librdkafka configuration (also what `kafka-delay-bench` gives its
 /// passthrough consumer, so that both read Kafka the same way).
 pub fn consumer_config(config: &Config) -> rdkafka::ClientConfig {
     let mut c = base_config(config);

@@ -27,6 +27,7 @@ impl Store {
     /// # Errors
     /// A read or write failure; nothing changes then.
     pub fn cancel_many(&self, rids: &[RecordId]) -> Result<Vec<(RecordId, StoredRecord)>> {
+        let rids = &distinct(rids);
         let mut stats = self.lock_writes();
         self.forget_near(rids.iter().copied());
         let found: Vec<(RecordId, StoredRecord)> = rids
@@ -76,6 +77,7 @@ impl Store {
     /// # Errors
     /// A read or write failure; nothing changes then.
     pub fn reschedule_many(&self, rids: &[RecordId], due_ms: u64) -> Result<Vec<(RecordId, u64)>> {
+        let rids = &distinct(rids);
         let mut stats = self.lock_writes();
         self.forget_near(rids.iter().copied());
         let mut found: Vec<(RecordId, StoredRecord)> = rids
@@ -133,4 +135,11 @@ impl Store {
         }
         Ok(())
     }
+}
+
+/// `rids` in order with repeats left out: a record counted twice in one batch would be
+/// subtracted twice from the pending counts.
+fn distinct(rids: &[RecordId]) -> Vec<RecordId> {
+    let mut seen = std::collections::HashSet::with_capacity(rids.len());
+    rids.iter().copied().filter(|r| seen.insert(*r)).collect()
 }

@@ -74,6 +74,9 @@ impl Contract {
         let base = rec.timestamp_ms.unwrap_or(now_ms);
         let policy = self.retry.policy_for(target);
         let attempts = Attempts::read(rec, policy, base)?;
+        // Read (and checked for repetition and encoding) before the attempts are counted, so a
+        // malformed `retry-after` is rejected whether or not the attempts are used up.
+        let retry_after = control(rec.headers, rn::AFTER)?;
         let mut headers: Vec<Header> = user_headers(rec.headers)
             .filter(|h| !rn::MANAGED.contains(&h.key))
             .map(HeaderRef::to_header)
@@ -82,7 +85,7 @@ impl Contract {
         if attempt > attempts.max {
             return self.exhausted(rec, target, id, &attempts, headers, now_ms);
         }
-        let due_ms = self.retry_due(rec, policy, attempt, base, now_ms)?;
+        let due_ms = self.retry_due(rec, retry_after, policy, (attempt, base), now_ms)?;
         headers.extend([
             Header::new(rn::ATTEMPT, attempt.to_string()),
             Header::new(rn::FIRST_FAILED_AT, attempts.first_failed.to_string()),
@@ -148,14 +151,14 @@ impl Contract {
     fn retry_due(
         &self,
         rec: &Incoming<'_>,
+        retry_after: Option<&str>,
         policy: &Policy,
-        attempt: u32,
-        base: u64,
+        (attempt, base): (u32, u64),
         now_ms: u64,
     ) -> Result<u64, Reject> {
         let explicit = control(rec.headers, names::UNTIL)?.is_some()
             || control(rec.headers, names::AFTER)?.is_some();
-        match control(rec.headers, rn::AFTER)? {
+        match retry_after {
             Some(_) if explicit => Err(Reject::new(
                 Reason::ConflictingDueTime,
                 "retry-after together with delay-until or delay-after: give one",

@@ -504,6 +504,21 @@ fn exhausted_retries_go_to_the_targets_dead_letter_topic() {
 }
 
 #[test]
+fn a_malformed_retry_after_is_rejected_even_when_the_attempts_are_used_up() {
+    // Two different values of retry-after: the record says two things, and is rejected to the
+    // broker's dead-letter topic rather than counted as exhausted.
+    let r = retry(&[
+        h("retry-attempt", "3"),
+        h("retry-after", "5"),
+        h("retry-after", "10"),
+    ]);
+    let Err(rej) = r else {
+        panic!("expected a rejection, got {r:?}");
+    };
+    assert_eq!(rej.reason, Reason::ConflictingHeaders, "{rej:?}");
+}
+
+#[test]
 fn retry_max_attempts_lowers_the_limit_but_never_raises_it() {
     let lowered = retry(&[h("retry-max-attempts", "1"), h("retry-attempt", "1")]);
     assert!(
