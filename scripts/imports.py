@@ -10,24 +10,15 @@ import re
 import sys
 from pathlib import Path
 
+from rustsrc import product_lines, strip
+
 roots = sys.argv[1:] or ['crates/broker/src', 'crates/core/src', 'crates/client/src']
 REF = re.compile(r'\bcrate::([a-z_]+)')
 GROUP = re.compile(r'use crate::\{([^;]*)\}', re.S)
 
 
 def product_text(path):
-    lines, out, skip, depth = path.read_text().splitlines(), [], False, 0
-    for i, line in enumerate(lines):
-        if not skip and line.strip() == '#[cfg(test)]' and i + 1 < len(lines) and re.match(r'\s*mod \w+\s*\{', lines[i + 1]):
-            skip, depth = True, 0
-            continue
-        if skip:
-            depth += line.count('{') - line.count('}')
-            if depth <= 0 and '}' in line:
-                skip = False
-            continue
-        out.append(line.split('//')[0])
-    return '\n'.join(out)
+    return '\n'.join(strip(line) for _, line in product_lines(path.read_text().splitlines()))
 
 
 def module_of(root, path):

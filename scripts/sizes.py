@@ -11,38 +11,11 @@ import re
 import sys
 from pathlib import Path
 
+from rustsrc import product_lines, strip
+
 FILE_LIMIT = int(sys.argv[1]) if len(sys.argv) > 1 else 500
 FN_LIMIT = int(sys.argv[2]) if len(sys.argv) > 2 else 80
 FN = re.compile(r'^\s*(pub(\([a-z]+\))?\s+)?(async\s+)?(const\s+)?(unsafe\s+)?fn\s+(\w+)')
-
-
-def strip(line):
-    line = re.sub(r'"(\\.|[^"\\])*"', '""', line)
-    line = re.sub(r"'(\\.|[^'\\])'", "''", line)
-    return line.split('//')[0]
-
-
-def product_lines(lines):
-    """The lines outside #[cfg(test)] modules, with their numbers."""
-    out, skip, depth, i = [], False, 0, 0
-    while i < len(lines):
-        line = lines[i]
-        if not skip and line.strip() == '#[cfg(test)]' and i + 1 < len(lines) and re.match(r'\s*mod \w+', lines[i + 1]):
-            if lines[i + 1].rstrip().endswith(';'):
-                i += 2
-                continue
-            skip, depth = True, 0
-            i += 1
-            continue
-        if skip:
-            depth += strip(line).count('{') - strip(line).count('}')
-            if depth <= 0 and '}' in line:
-                skip = False
-            i += 1
-            continue
-        out.append((i + 1, line))
-        i += 1
-    return out
 
 
 bad = 0

@@ -95,14 +95,7 @@ pub(super) async fn bulk_reschedule(
     off_runtime(move || {
         a.mutate(&headers, "bulk_reschedule", &bulk_what(&b.filter), || {
             let due = b.when.resolve(a.clock.now_ms(), a.max_delay_ms)?;
-            let mut woken = Vec::new();
-            let r = bulk(&a, &b.filter, |ids| {
-                let moved = a.store.reschedule_many(ids, due).map_err(internal)?;
-                woken.extend(moved.iter().map(|(rid, _)| (due, *rid)));
-                Ok(moved.len())
-            });
-            a.wake(woken);
-            r
+            bulk_move(&a, &b.filter, due)
         })
     })
     .await
@@ -115,16 +108,21 @@ pub(super) async fn bulk_fire(
 ) -> ApiResult {
     off_runtime(move || {
         a.mutate(&headers, "bulk_fire", &bulk_what(&f), || {
-            let now = a.clock.now_ms();
-            let mut woken = Vec::new();
-            let r = bulk(&a, &f, |ids| {
-                let moved = a.store.reschedule_many(ids, now).map_err(internal)?;
-                woken.extend(moved.iter().map(|(rid, _)| (now, *rid)));
-                Ok(moved.len())
-            });
-            a.wake(woken);
-            r
+            bulk_move(&a, &f, a.clock.now_ms())
         })
     })
     .await
+}
+
+/// Moves the records `f` covers to `due` ("fire now" is a move to now) and puts their new
+/// timers in the wheel.
+fn bulk_move(a: &Admin, f: &Filter, due: u64) -> ApiResult {
+    let mut woken = Vec::new();
+    let r = bulk(a, f, |ids| {
+        let moved = a.store.reschedule_many(ids, due).map_err(internal)?;
+        woken.extend(moved.iter().map(|(rid, _)| (due, *rid)));
+        Ok(moved.len())
+    });
+    a.wake(woken);
+    r
 }

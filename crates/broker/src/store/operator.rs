@@ -27,14 +27,8 @@ impl Store {
     /// # Errors
     /// A read or write failure; nothing changes then.
     pub fn cancel_many(&self, rids: &[RecordId]) -> Result<Vec<(RecordId, StoredRecord)>> {
-        let rids = &distinct(rids);
         let mut stats = self.lock_writes();
-        self.forget_near(rids.iter().copied());
-        let found: Vec<(RecordId, StoredRecord)> = rids
-            .iter()
-            .zip(self.get(rids)?)
-            .filter_map(|(rid, rec)| Some((*rid, rec?)))
-            .collect();
+        let found = self.pending_among(rids)?;
         if found.is_empty() {
             return Ok(found);
         }
@@ -77,14 +71,8 @@ impl Store {
     /// # Errors
     /// A read or write failure; nothing changes then.
     pub fn reschedule_many(&self, rids: &[RecordId], due_ms: u64) -> Result<Vec<(RecordId, u64)>> {
-        let rids = &distinct(rids);
         let mut stats = self.lock_writes();
-        self.forget_near(rids.iter().copied());
-        let mut found: Vec<(RecordId, StoredRecord)> = rids
-            .iter()
-            .zip(self.get(rids)?)
-            .filter_map(|(rid, rec)| Some((*rid, rec?)))
-            .collect();
+        let mut found = self.pending_among(rids)?;
         if found.is_empty() {
             return Ok(Vec::new());
         }
@@ -113,6 +101,20 @@ impl Store {
         Ok(moved)
     }
 
+    /// The records among `rids` that are pending, each once (a record counted twice in one
+    /// batch would be subtracted twice from the pending counts), taken out of memory first.
+    /// Call with the write lock held.
+    fn pending_among(&self, rids: &[RecordId]) -> Result<Vec<(RecordId, StoredRecord)>> {
+        let mut seen = std::collections::HashSet::with_capacity(rids.len());
+        let rids: Vec<RecordId> = rids.iter().copied().filter(|r| seen.insert(*r)).collect();
+        self.forget_near(rids.iter().copied());
+        Ok(rids
+            .iter()
+            .zip(self.get(&rids)?)
+            .filter_map(|(rid, rec)| Some((*rid, rec?)))
+            .collect())
+    }
+
     /// Deletes the id mapping of `rid` (or points it at `new_due`) while it still maps to `rid`.
     fn unmap_id(
         &self,
@@ -135,11 +137,4 @@ impl Store {
         }
         Ok(())
     }
-}
-
-/// `rids` in order with repeats left out: a record counted twice in one batch would be
-/// subtracted twice from the pending counts.
-fn distinct(rids: &[RecordId]) -> Vec<RecordId> {
-    let mut seen = std::collections::HashSet::with_capacity(rids.len());
-    rids.iter().copied().filter(|r| seen.insert(*r)).collect()
 }
