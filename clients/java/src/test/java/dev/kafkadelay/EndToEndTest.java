@@ -10,7 +10,7 @@ import java.net.URI;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
-import java.nio.file.Files;
+import java.nio.file.Path;
 import java.time.Duration;
 import java.util.List;
 import java.util.Map;
@@ -26,6 +26,7 @@ import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
 
 /**
  * End to end with kafka-clients against a real Kafka and the kafka-delay binary (mvn test
@@ -34,6 +35,10 @@ import org.junit.jupiter.api.Test;
  */
 @Tag("e2e")
 class EndToEndTest {
+    /** The broker's data dir, removed by JUnit after the test. */
+    @TempDir
+    Path dataDir;
+
     static String header(ConsumerRecord<byte[], byte[]> r, String name) {
         Header h = r.headers().lastHeader(name);
         return h == null ? null : new String(h.value(), UTF_8);
@@ -65,7 +70,7 @@ class EndToEndTest {
             port = s.getLocalPort();
         }
         Process broker = new ProcessBuilder(bin, "run", "--brokers", brokers,
-                "--data-dir", Files.createTempDirectory("kafka-delay").toString(), "--http-addr", "127.0.0.1:" + port,
+                "--data-dir", dataDir.toString(), "--http-addr", "127.0.0.1:" + port,
                 "--group-id", "g-" + run, "--instance-id", "i-" + run, "--source-pattern", "^delay\\." + run + "\\..+",
                 "--retry-topics", "^delay\\." + run + "\\.retry$", "--dead-letter-topic", dlt, "--topic-refresh", "500ms")
                 .redirectErrorStream(true).redirectOutput(ProcessBuilder.Redirect.DISCARD).start();

@@ -11,7 +11,7 @@ import java.net.URI;
 import java.net.http.HttpClient;
 import java.net.http.HttpRequest;
 import java.net.http.HttpResponse;
-import java.nio.file.Files;
+import java.nio.file.Path;
 import java.time.Duration;
 import java.util.ArrayList;
 import java.util.Collections;
@@ -30,6 +30,7 @@ import org.apache.kafka.common.serialization.ByteArrayDeserializer;
 import org.apache.kafka.common.serialization.ByteArraySerializer;
 import org.junit.jupiter.api.Tag;
 import org.junit.jupiter.api.Test;
+import org.junit.jupiter.api.io.TempDir;
 import org.springframework.kafka.core.DefaultKafkaConsumerFactory;
 import org.springframework.kafka.core.DefaultKafkaProducerFactory;
 import org.springframework.kafka.core.KafkaTemplate;
@@ -46,6 +47,10 @@ import org.springframework.util.backoff.FixedBackOff;
  */
 @Tag("e2e")
 class SpringRetryTest {
+    /** The broker's data dir, removed by JUnit after the test. */
+    @TempDir
+    Path dataDir;
+
     static final String BROKERS = System.getenv("KAFKA_DELAY_TEST_BROKERS");
     static final String BIN = System.getenv("KAFKA_DELAY_BIN");
     static final Duration RETRY_AFTER = Duration.ofSeconds(2);
@@ -62,7 +67,7 @@ class SpringRetryTest {
      * kafka-delay for this run's topics (created here): the listener's orders-RUN, the retry topic
      * delay.RUN.retry and the broker's dead-letter topic dlt-RUN.
      */
-    static Process startBroker(String run) throws Exception {
+    Process startBroker(String run) throws Exception {
         assertNotNull(BROKERS, "set KAFKA_DELAY_TEST_BROKERS (scripts/test-external.sh does)");
         assertNotNull(BIN, "set KAFKA_DELAY_BIN (scripts/test-external.sh does)");
         createTopics("delay." + run + ".retry", "orders-" + run, "dlt-" + run);
@@ -71,7 +76,7 @@ class SpringRetryTest {
             port = s.getLocalPort();
         }
         Process p = new ProcessBuilder(BIN, "run", "--brokers", BROKERS,
-                "--data-dir", Files.createTempDirectory("kafka-delay").toString(), "--http-addr", "127.0.0.1:" + port,
+                "--data-dir", dataDir.toString(), "--http-addr", "127.0.0.1:" + port,
                 "--group-id", "g-" + run, "--instance-id", "i-" + run, "--source-pattern", "^delay\\." + run + "\\..+",
                 "--retry-topics", "^delay\\." + run + "\\.retry$", "--dead-letter-topic", "dlt-" + run,
                 "--topic-refresh", "500ms").redirectErrorStream(true).redirectOutput(ProcessBuilder.Redirect.DISCARD).start();
