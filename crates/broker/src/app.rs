@@ -12,6 +12,8 @@ use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::changelog::handoff::{Events, Handoff};
+use crate::changelog::Changelog;
 use crate::clock::Clock;
 use crate::config::{millis, Config};
 use crate::dead_letter::DeadLetters;
@@ -86,6 +88,7 @@ pub struct Running {
     store: Arc<Store>,
     metrics: Metrics,
     health: Health,
+    handoff: Option<Arc<Handoff>>,
 }
 
 /// What every part of a running broker shares.
@@ -97,6 +100,8 @@ struct Shared {
     health: Health,
     /// New timers for the scheduler (new records, retries, operators' moves).
     inserts: Inserts,
+    /// With a changelog: partitions moving between instances.
+    handoff: Option<(Arc<Handoff>, Arc<std::sync::Mutex<Option<Events>>>)>,
 }
 
 /// Starts the broker and returns once it is ready (recovery done, consumer subscribed).
@@ -113,12 +118,26 @@ pub async fn start(
     let (stop_ingest, stop_ingest_rx) = watch::channel(false);
     let (stop_rest, stop_rest_rx) = watch::channel(false);
     let (inserts, insert_rx) = mpsc::channel::<Wake>(1_024);
+    let store = open_store(&config).await?;
+    let metrics = new_metrics(&registry)?;
+    let handoff = if config.cluster.changelog {
+        let (h, events) = Handoff::new(
+            store.clone(),
+            Changelog::new(&config)?,
+            Arc::new(config.clone()),
+            metrics.clone(),
+        );
+        Some((h, Arc::new(std::sync::Mutex::new(Some(events)))))
+    } else {
+        None
+    };
     let shared = Shared {
-        store: open_store(&config).await?,
-        metrics: new_metrics(&registry)?,
+        store,
+        metrics,
         clock,
         health,
         inserts,
+        handoff,
     };
     let history = History::default();
     let (http_addr, http) = start_http(
@@ -175,6 +194,7 @@ pub async fn start(
         publisher,
         http,
         http_addr,
+        handoff: shared.handoff.map(|(h, _)| h),
         store: shared.store,
         metrics: shared.metrics,
         health: shared.health,
@@ -356,6 +376,7 @@ fn publisher(
         in_flight: config.fire.in_flight,
         limits: Arc::new(config.fire.limits.clone()),
         history,
+        handoff: shared.handoff.as_ref().map(|(h, _)| h.clone()),
     }
 }
 
@@ -368,7 +389,10 @@ async fn start_ingest(
     ingest_producer: FutureProducer,
     stop: watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, StartError> {
-    let next_offsets = {
+    // With a changelog, each partition resumes where its restore says (Handoff::resumes).
+    let next_offsets = if shared.handoff.is_some() {
+        Default::default()
+    } else {
         let s = shared.store.clone();
         tokio::task::spawn_blocking(move || s.next_offsets())
             .await
@@ -381,9 +405,28 @@ async fn start_ingest(
             warn!(%topic, error = %e, "the retry topic does not exist and could not be created");
         }
     }
-    let consumer = ingest::consumer(config, shared.store.clone(), shared.metrics.clone())?;
+    let handoff = shared.handoff.as_ref().map(|(h, _)| h.clone());
+    let consumer = Arc::new(ingest::consumer(
+        config,
+        shared.store.clone(),
+        shared.metrics.clone(),
+        handoff.clone(),
+    )?);
+    if let Some((h, events)) = &shared.handoff {
+        let events = events.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some(events) = events {
+            tokio::spawn(h.clone().run(
+                events,
+                consumer.clone(),
+                shared.inserts.clone(),
+                millis(config.wheel.horizon),
+                shared.clock.clone(),
+            ));
+        }
+    }
     let ingest = Ingest {
-        consumer: Arc::new(consumer),
+        consumer,
+        handoff,
         store: shared.store.clone(),
         contract: config.contract.clone(),
         clock: shared.clock.clone(),
@@ -424,6 +467,9 @@ impl Running {
     pub async fn shutdown(self) {
         info!("shutting down: stopping ingest");
         self.health.ready.store(false, Ordering::Relaxed);
+        if let Some(h) = &self.handoff {
+            h.stopping();
+        }
         let _ = self.stop_ingest.send(true);
         let _ = self.ingest.await;
         info!("ingest stopped; finishing deliveries in flight");
@@ -431,6 +477,13 @@ impl Running {
         let scheduler = self.scheduler;
         let _ = tokio::task::spawn_blocking(move || scheduler.join()).await;
         let _ = self.publisher.await;
+        if let Some(h) = self.handoff {
+            let flushed = tokio::task::spawn_blocking(move || {
+                h.changelog().flush(std::time::Duration::from_secs(10))
+            })
+            .await;
+            info!(result = ?flushed.map(|r| r.map_err(|e| e.to_string())), "changelog flushed");
+        }
         let _ = self.http.await;
         let store = self.store;
         let flushed = tokio::task::spawn_blocking(move || {

@@ -3,7 +3,8 @@
 //! The flow reads left to right: [`ingest`] consumes `delay.*` topics and interprets each
 //! record with [`record`], [`store`] keeps it durably in RocksDB, the [`scheduler`] owns the
 //! in-memory [`wheel`] and hands due records to [`publish`], which produces them to their target
-//! topic and deletes them once delivered. [`app`] wires them together; [`admin`] (with its web console)
+//! topic and deletes them once delivered. With a [`changelog`], every change is also written to
+//! Kafka, and partitions move between instances. [`app`] wires them together; [`admin`] (with its web console)
 //! and [`metrics`] operate it over [`http`]; [`replay`] and [`verify`] are the tools.
 //!
 //! The pure parts (contract, wheel, retry policies, limits) live in `kafka-delay-core` and are
@@ -15,6 +16,7 @@ pub use kafka_delay_core::{clock, hashing, limit, record, retry, time, wheel};
 
 pub mod admin;
 pub mod app;
+pub mod changelog;
 pub mod config;
 pub mod dead_letter;
 pub mod failpoint;

@@ -24,6 +24,9 @@ pub struct RunArgs {
     /// The RocksDB store.
     #[command(flatten)]
     pub store: StoreArgs,
+    /// Several instances: the changelog and handoffs.
+    #[command(flatten)]
+    pub cluster: ClusterArgs,
     /// The in-memory timing wheel.
     #[command(flatten)]
     pub wheel: WheelArgs,
@@ -128,6 +131,29 @@ pub struct StoreArgs {
     /// does not fit is read from RocksDB when it fires. 0 keeps none.
     #[arg(long, env = "KAFKA_DELAY_KEEP_IN_MEMORY_MB", default_value_t = 64)]
     pub keep_in_memory_mb: usize,
+}
+
+/// Several instances: the changelog and handoffs.
+#[derive(Debug, Args, Clone)]
+#[command(next_help_heading = "Cluster")]
+pub struct ClusterArgs {
+    /// Keep every source partition's pending records in a compacted changelog topic
+    /// (`<group-id>-<source topic>-changelog`) as well as in RocksDB, so that partitions can move
+    /// between instances sharing --group-id and a lost --data-dir loses nothing. Without it,
+    /// RocksDB is the only copy: run one instance per group, on a durable disk.
+    #[arg(long, env = "KAFKA_DELAY_CHANGELOG", conflicts_with = "no_changelog")]
+    pub changelog: bool,
+    /// RocksDB is the only copy of the pending records (the default for now).
+    #[arg(long, env = "KAFKA_DELAY_NO_CHANGELOG")]
+    pub no_changelog: bool,
+    /// Replication factor of the changelog topics kafka-delay creates; -1 takes the cluster's
+    /// default.replication.factor.
+    #[arg(long, env = "KAFKA_DELAY_CHANGELOG_REPLICATION", default_value_t = -1)]
+    pub changelog_replication: i32,
+    /// When a partition is revoked, how long its deliveries in flight may take to finish
+    /// before it is let go anyway (those records may then fire again on the new owner).
+    #[arg(long, env = "KAFKA_DELAY_HANDOFF_WAIT", default_value = "10s", value_parser = duration)]
+    pub handoff_wait: Duration,
 }
 
 /// The in-memory timing wheel.

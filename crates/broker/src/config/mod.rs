@@ -57,6 +57,8 @@ pub struct Config {
     pub topics: TopicsConfig,
     /// The RocksDB store.
     pub store: StoreConfig,
+    /// The changelog and handoffs between instances.
+    pub cluster: ClusterConfig,
     /// The in-memory timing wheel and its thread.
     pub wheel: WheelConfig,
     /// Delivery to the targets.
@@ -65,6 +67,17 @@ pub struct Config {
     pub http: HttpConfig,
     /// JSON logs.
     pub log_json: bool,
+}
+
+/// The changelog and handoffs between instances.
+#[derive(Debug, Clone)]
+pub struct ClusterConfig {
+    /// Pending state is kept in changelog topics too.
+    pub changelog: bool,
+    /// Replication factor of created changelog topics (-1: the cluster's default).
+    pub changelog_replication: i32,
+    /// Longest wait for a revoked partition's deliveries in flight.
+    pub handoff_wait: Duration,
 }
 
 /// Where Kafka is and how to join it.

@@ -6,8 +6,8 @@ use regex::Regex;
 use super::args::{LogFormat, RunArgs};
 use super::parse::{human, millis};
 use super::{
-    default_instance_id, Config, ConfigError, FireConfig, HttpConfig, KafkaConfig, Secret,
-    StoreConfig, TopicsConfig, WheelConfig, DEFAULT_RETRY_TOPIC,
+    default_instance_id, ClusterConfig, Config, ConfigError, FireConfig, HttpConfig, KafkaConfig,
+    Secret, StoreConfig, TopicsConfig, WheelConfig, DEFAULT_RETRY_TOPIC,
 };
 use crate::limit::Limits;
 use crate::record::{Contract, Reason};
@@ -50,6 +50,7 @@ impl RunArgs {
             topics: self.topics(&contract)?,
             contract,
             store: self.store()?,
+            cluster: self.cluster()?,
             wheel,
             fire: self.fire()?,
             http: self.http()?,
@@ -235,6 +236,22 @@ impl RunArgs {
             sync: s.sync,
             keep_within: s.keep_in_memory_within,
             keep_bytes,
+        })
+    }
+
+    fn cluster(&self) -> Result<ClusterConfig, ConfigError> {
+        let c = &self.cluster;
+        if c.changelog_replication == 0 || c.changelog_replication < -1 {
+            return Err(ConfigError::invalid(
+                "--changelog-replication",
+                c.changelog_replication.to_string(),
+                "a replication factor is at least 1, or -1 for the cluster's default",
+            ));
+        }
+        Ok(ClusterConfig {
+            changelog: c.changelog && !c.no_changelog,
+            changelog_replication: c.changelog_replication,
+            handoff_wait: c.handoff_wait,
         })
     }
 

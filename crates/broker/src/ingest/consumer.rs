@@ -6,6 +6,7 @@ use std::sync::Arc;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 
 use super::IngestContext;
+use crate::changelog::handoff::Handoff;
 use crate::config::Config;
 use crate::kafka::{base_config, KafkaSetupError};
 use crate::metrics::Metrics;
@@ -54,6 +55,15 @@ pub fn consumer_config(config: &Config) -> rdkafka::ClientConfig {
         ("fetch.queue.backoff.ms", "10"),
         // Consumer lag per partition for the metrics.
         ("statistics.interval.ms", "5000"),
+        // A rebalance moves only the partitions that change owner; the others keep firing.
+        (
+            "partition.assignment.strategy",
+            if config.cluster.changelog {
+                "cooperative-sticky"
+            } else {
+                "range,roundrobin"
+            },
+        ),
     ];
     for (k, v) in defaults {
         if !config.kafka.properties.iter().any(|p| p.key == k) {
@@ -71,10 +81,15 @@ pub fn consumer(
     config: &Config,
     store: Arc<Store>,
     metrics: Metrics,
+    handoff: Option<Arc<Handoff>>,
 ) -> Result<StreamConsumer<IngestContext>, KafkaSetupError> {
     let c = consumer_config(config);
     let consumer: StreamConsumer<IngestContext> = c
-        .create_with_context(IngestContext { store, metrics })
+        .create_with_context(IngestContext {
+            store,
+            metrics,
+            handoff,
+        })
         .map_err(|source| KafkaSetupError::Client {
             client: "consumer",
             source,

@@ -9,6 +9,7 @@ use rdkafka::types::RDKafkaRespErr;
 use rdkafka::ClientContext;
 use tracing::{error, info};
 
+use crate::changelog::handoff::Handoff;
 use crate::store::Store;
 
 /// Context of the ingest consumer.
@@ -18,6 +19,8 @@ pub struct IngestContext {
     pub store: Arc<Store>,
     /// Consumer lag goes here, from librdkafka's statistics.
     pub metrics: crate::metrics::Metrics,
+    /// With a changelog: restores assigned partitions and lets revoked ones go.
+    pub handoff: Option<Arc<Handoff>>,
 }
 
 impl ClientContext for IngestContext {
@@ -91,6 +94,23 @@ impl ConsumerContext for IngestContext {
             RebalanceProtocol::Cooperative
         );
         match err {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS if self.handoff.is_some() => {
+                let result = if cooperative {
+                    consumer.incremental_assign(tpl)
+                } else {
+                    consumer.assign(tpl)
+                };
+                match result {
+                    Ok(()) => {
+                        info!(partitions = tpl.count(), topics = %topics_of(tpl),
+                              "source partitions assigned; restoring them from the changelog");
+                        if let Some(h) = &self.handoff {
+                            h.on_assign(consumer, tpl);
+                        }
+                    }
+                    Err(e) => error!(error = %e, "assigning source partitions failed"),
+                }
+            }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
                 let seeded = self.seed_offsets(tpl);
                 let result = if cooperative {
@@ -109,6 +129,9 @@ impl ConsumerContext for IngestContext {
                 }
             }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
+                if let Some(h) = &self.handoff {
+                    h.on_revoke(tpl);
+                }
                 let result = if cooperative {
                     consumer.incremental_unassign(tpl)
                 } else {

@@ -32,13 +32,15 @@ pub use consumer::{consumer, consumer_config, max_group, ready_now};
 pub use context::IngestContext;
 pub use topics::TopicCreator;
 
+use crate::changelog::handoff::Handoff;
+use crate::changelog::Entry;
 use crate::clock::Clock;
 use crate::dead_letter::{DeadLetter, DeadLetters, Origin};
 use crate::kafka::header_refs;
 use crate::metrics::Metrics;
 use crate::record::{Command, Contract, HeaderRef, Incoming, Reject};
 use crate::scheduler::{Inserts, Wake};
-use crate::store::{IngestOp, Pid, Store};
+use crate::store::{Applied, Checkpoint, IngestOp, Pid, Store};
 
 /// Longest wait for the commit of the stored offsets at shutdown. librdkafka's synchronous
 /// commit has no timeout of its own, and one was seen waiting forever (a CI run, with the mock
@@ -104,6 +106,9 @@ pub struct Ingest {
     pub max_group: usize,
     /// Set by [`Ingest::run`]: a RocksDB write that keeps failing gives up when it turns true.
     pub stopping: Option<watch::Receiver<bool>>,
+    /// With a changelog: every group is written to it before its offsets are stored, and
+    /// only partitions restored here are ingested.
+    pub handoff: Option<Arc<Handoff>>,
 }
 
 impl std::fmt::Debug for Ingest {
@@ -181,21 +186,32 @@ impl Ingest {
                 "group"
             );
         }
+        if let Some(h) = &self.handoff {
+            let resumed =
+                std::mem::take(&mut *h.resumes().lock().unwrap_or_else(|e| e.into_inner()));
+            self.next_offsets.extend(resumed);
+        }
         let now = self.clock.now_ms();
         let Interpreted { ops, dead, last } = self.interpret(&group, now).await;
         if ops.is_empty() {
             return;
         }
+        let ops = Arc::new(ops);
         crate::failpoint::hit("after-consume");
         if !dead.is_empty() {
             self.dead_letters(&dead).await;
         }
-        let Some(applied) = self.apply(ops, now).await else {
+        let Some(applied) = self.apply(ops.clone(), now).await else {
             // Stopping while RocksDB refuses writes: no offset is stored for this group, so
             // Kafka delivers it again after the restart.
             return;
         };
         crate::failpoint::hit("after-store-write");
+        if let Some(h) = self.handoff.clone() {
+            if !self.log_changes(&h, &ops, &applied, &last).await {
+                return; // stopping: the changelog has not confirmed the group, nor Kafka
+            }
+        }
         for (pid, (topic, partition, offset)) in last {
             if let Err(e) = self.consumer.store_offset(topic, partition, offset) {
                 debug!(%topic, partition, error = %e, "offset not stored (partition revoked?)");
@@ -236,20 +252,26 @@ impl Ingest {
         };
         // The source topic of each record taken, for the metric.
         let mut ingested: Vec<&str> = Vec::with_capacity(group.len());
-        // A group holds runs of records from one partition: its id is looked up once per run.
-        let mut current: Option<(&str, i32, Pid)> = None;
+        // A group holds runs of records from one partition: its id is looked up once per run,
+        // with whether it is ingested here (with a changelog, only once restored).
+        let mut current: Option<(&str, i32, Pid, bool)> = None;
         // Each record's headers, read in place (the contract copies the ones it carries on).
         let mut headers: Vec<HeaderRef<'_>> = Vec::new();
         for m in group {
             let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
-            let pid = match current {
-                Some((t, p, pid)) if t == topic && p == partition => pid,
+            let (pid, ours) = match current {
+                Some((t, p, pid, ours)) if t == topic && p == partition => (pid, ours),
                 _ => {
                     let pid = self.partition_id(topic, partition).await;
-                    current = Some((topic, partition, pid));
-                    pid
+                    let ours = self.handoff.is_none() || self.store.owns(pid);
+                    current = Some((topic, partition, pid, ours));
+                    (pid, ours)
                 }
             };
+            if !ours {
+                debug!(%topic, partition, offset, "partition not restored here; skipped");
+                continue; // fetched before a revoke, or before the restore: consumed again
+            }
             if offset < self.next_offsets.get(&pid).copied().unwrap_or(0) {
                 debug!(%topic, partition, offset, "already stored; skipped");
                 continue; // stored before a crash; Kafka's commit had not caught up
@@ -359,9 +381,8 @@ impl Ingest {
 
     /// Writes the group's effects (records that arrived at `now`), retrying until RocksDB takes
     /// them or the broker stops.
-    async fn apply(&self, ops: Vec<IngestOp>, now: u64) -> Option<crate::store::Applied> {
+    async fn apply(&self, ops: Arc<Vec<IngestOp>>, now: u64) -> Option<Applied> {
         // Shared with the blocking write, not copied: a retry after a failed write uses it again.
-        let ops = Arc::new(ops);
         let mut delay = Duration::from_millis(100);
         loop {
             if self.stopping.as_ref().is_some_and(|s| *s.borrow()) {
@@ -383,6 +404,69 @@ impl Ingest {
             tokio::time::sleep(delay).await;
             delay = (delay * 2).min(Duration::from_secs(10));
         }
+    }
+}
+
+impl Ingest {
+    /// Writes what a group changed to the changelog, per source partition, and waits for it;
+    /// then checkpoints each partition. Tried again until it works; `false` when stopping
+    /// first.
+    async fn log_changes(
+        &self,
+        h: &Handoff,
+        ops: &[IngestOp],
+        applied: &Applied,
+        last: &HashMap<Pid, (&str, i32, i64)>,
+    ) -> bool {
+        let mut by_pid: HashMap<Pid, Vec<Entry<'_>>> = HashMap::new();
+        for op in ops {
+            if let IngestOp::Schedule {
+                pid,
+                offset,
+                schedule,
+            } = op
+            {
+                by_pid
+                    .entry(*pid)
+                    .or_default()
+                    .push(Entry::Record(*offset, schedule));
+            }
+        }
+        for rid in &applied.removed {
+            by_pid
+                .entry(rid.pid())
+                .or_default()
+                .push(Entry::Gone(rid.offset()));
+        }
+        for (pid, &(topic, partition, offset)) in last {
+            let entries = by_pid.entry(*pid).or_default();
+            entries.push(Entry::SourceOffset(offset + 1));
+            let mut delay = Duration::from_millis(100);
+            loop {
+                match h.changelog().write(topic, partition, entries).await {
+                    Ok(next) => {
+                        let at = Checkpoint {
+                            changelog_next: next,
+                            source_next: Some(offset + 1),
+                        };
+                        if let Err(e) = self.store.set_checkpoint(*pid, at) {
+                            warn!(%topic, partition, error = %e, "cannot write the changelog checkpoint");
+                        }
+                        break;
+                    }
+                    Err(e) => {
+                        error!(%topic, partition, error = %e,
+                               "cannot write to the changelog; consumption paused, retrying");
+                        if self.stopping.as_ref().is_some_and(|s| *s.borrow()) {
+                            return false;
+                        }
+                        tokio::time::sleep(delay).await;
+                        delay = (delay * 2).min(Duration::from_secs(10));
+                    }
+                }
+            }
+        }
+        true
     }
 }
 

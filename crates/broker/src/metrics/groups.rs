@@ -290,6 +290,12 @@ pub struct BrokerMetrics {
     pub ready: IntGauge,
     /// Build information.
     pub build_info: IntGaugeVec,
+    /// Source partitions firing from this instance.
+    pub partitions_owned: IntGauge,
+    /// Source partitions assigned here and being restored from the changelog.
+    pub partitions_restoring: IntGauge,
+    /// Changelog entries read by restores.
+    pub restored_entries: IntCounter,
 }
 
 impl BrokerMetrics {
@@ -307,6 +313,18 @@ impl BrokerMetrics {
                 "kafka_delay_build_info",
                 "Build information.",
                 &["version"],
+            )?,
+            partitions_owned: r.gauge(
+                "kafka_delay_partitions_owned",
+                "Source partitions whose records fire from this instance.",
+            )?,
+            partitions_restoring: r.gauge(
+                "kafka_delay_partitions_restoring",
+                "Source partitions assigned here and being restored from their changelog.",
+            )?,
+            restored_entries: r.counter(
+                "kafka_delay_restored_entries_total",
+                "Changelog entries read by restores.",
             )?,
         };
         m.build_info

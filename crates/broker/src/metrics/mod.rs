@@ -173,6 +173,9 @@ impl Metrics {
             .map_or(0, |due| now_ms.saturating_sub(due));
         self.pending.oldest_overdue.set(overdue_ms as f64 / 1000.0);
         self.pending.records.set(store.pending() as i64);
+        self.broker
+            .partitions_owned
+            .set(store.owned_partitions() as i64);
         self.store.size.set(store.size_bytes() as i64);
         let (stopped, rate) = store.write_stall();
         self.store.write_stopped.set(i64::from(stopped));

@@ -257,6 +257,20 @@ impl Publisher {
     /// few seconds; given up after that (the records fire again after a restart), and their
     /// claims given back.
     async fn delete(&self, finished: Arc<Vec<Arc<Sent>>>, read_at: ReadMark) {
+        // A revoke waits until the tombstones are handed to the changelog's producer.
+        if let Some(h) = &self.handoff {
+            h.owe();
+        }
+        self.delete_in_store(finished.clone(), read_at).await;
+        if let Some(h) = &self.handoff {
+            h.changelog()
+                .gone(&self.store, finished.iter().map(|s| s.id))
+                .await;
+            h.paid();
+        }
+    }
+
+    async fn delete_in_store(&self, finished: Arc<Vec<Arc<Sent>>>, read_at: ReadMark) {
         let mut delay = Duration::from_millis(50);
         loop {
             let store = self.store.clone();

@@ -31,12 +31,13 @@ impl Publisher {
             gone,
             moved,
             already_claimed,
+            not_owned,
             read_at,
         } = fire;
         self.metrics
             .fire
             .skipped
-            .inc_by((already_claimed + gone.len() + moved.len()) as u64);
+            .inc_by((already_claimed + not_owned + gone.len() + moved.len()) as u64);
         if !gone.is_empty() || !moved.is_empty() {
             let mut forgot = false;
             for id in gone.iter().chain(&moved) {

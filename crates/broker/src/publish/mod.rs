@@ -83,6 +83,8 @@ pub struct Publisher {
     pub limits: Arc<Limits>,
     /// The most recently fired records, for the console.
     pub history: history::History,
+    /// With a changelog: a delivered record's tombstone goes there.
+    pub handoff: Option<Arc<crate::changelog::handoff::Handoff>>,
 }
 
 impl std::fmt::Debug for Publisher {

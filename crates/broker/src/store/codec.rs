@@ -7,7 +7,7 @@
 //! | due      | [`DueKey`]: `due_ms` (8 B) ++ `RecordId` (8 B) | target topic (UTF-8)      |
 //! | ids      | [`IdKey`]: `pid` (2 B) ++ delay-id bytes | [`IdValue`]: `RecordId` (8 B) ++ `due_ms` (8 B) |
 //! | offsets  | [`PidKey`]: `pid` (2 B)               | [`NextOffset`] (8 B)               |
-//! | meta     | [`MetaKey`]: `p` ++ topic ++ `0x00` ++ partition, or a flag | `pid` (2 B), or `1` |
+//! | meta     | [`MetaKey`]: `p` ++ topic ++ `0x00` ++ partition, `k` ++ `pid` (a changelog checkpoint), or a flag | `pid` (2 B), the checkpoint (16 B), or `1` |
 //! | counts   | [`CountKey`]: `t` ++ target, or `m` ++ minute (8 B) | [`Count`] (8 B)       |
 
 pub use crate::record::StoredRecord;
@@ -141,6 +141,13 @@ impl MetaKey {
         k.extend_from_slice(topic.as_bytes());
         k.push(0);
         k.extend_from_slice(&partition.to_be_bytes());
+        Self(k)
+    }
+
+    /// The key of source partition `pid`'s changelog checkpoint.
+    pub fn checkpoint(pid: Pid) -> Self {
+        let mut k = b"k".to_vec();
+        k.extend_from_slice(&pid.to_be_bytes());
         Self(k)
     }
 

@@ -17,9 +17,10 @@ use crate::hashing::BuildMul;
 
 use super::codec::{DueKey, IdKey, IdValue, RecordKey};
 use super::column::{Ids, Records};
+use super::handoff::Owned;
 use super::near::Near;
 use super::stats::{Changes, PendingStats};
-use super::{io, RecordId, Result, Store, StoreError, StoredRecord};
+use super::{io, Pid, RecordId, Result, Store, StoreError, StoredRecord};
 
 /// What the `firing` lock guards: records kept in memory and the records claimed.
 #[derive(Debug)]
@@ -28,6 +29,8 @@ pub(super) struct Firing {
     pub(super) near: Near,
     /// Records claimed for firing and not yet deleted or released.
     claimed: HashSet<RecordId, BuildMul>,
+    /// The source partitions whose records fire here.
+    pub(super) owned: Owned,
 }
 
 impl Firing {
@@ -35,7 +38,13 @@ impl Firing {
         Self {
             near: Near::new(keep_bytes),
             claimed: HashSet::default(),
+            owned: Owned::All,
         }
+    }
+
+    /// How many records of `pid` are claimed.
+    pub(super) fn claimed_of(&self, pid: Pid) -> usize {
+        self.claimed.iter().filter(|id| id.pid() == pid).count()
     }
 }
 
@@ -54,6 +63,7 @@ pub struct Claim {
     found: Vec<Option<StoredRecord>>,
     read_at: ReadMark,
     already_claimed: usize,
+    not_owned: usize,
 }
 
 impl Claim {
@@ -94,6 +104,9 @@ pub struct FireBatch {
     pub moved: Vec<RecordId>,
     /// Timers whose record was claimed already (being published through another timer).
     pub already_claimed: usize,
+    /// Timers of partitions that do not fire here (being restored, or gone to another
+    /// instance): dropped; a partition that starts firing here hands its timers over again.
+    pub not_owned: usize,
     /// The change count the records were read at.
     pub read_at: ReadMark,
 }
@@ -116,11 +129,17 @@ impl Store {
     pub fn claim(&self, timers: impl IntoIterator<Item = (u64, RecordId)>) -> Claim {
         let timers = timers.into_iter();
         let mut claimed = Vec::with_capacity(timers.size_hint().0);
-        let mut already_claimed = 0;
+        let (mut already_claimed, mut not_owned) = (0, 0);
         let mut firing = self.lock_firing();
-        let Firing { near, claimed: set } = &mut *firing;
+        let Firing {
+            near,
+            claimed: set,
+            owned,
+        } = &mut *firing;
         for (at_ms, id) in timers {
-            if set.insert(id) {
+            if !owned.contains(id.pid()) {
+                not_owned += 1;
+            } else if set.insert(id) {
                 claimed.push((at_ms, id));
             } else {
                 already_claimed += 1;
@@ -138,6 +157,7 @@ impl Store {
             found,
             read_at,
             already_claimed,
+            not_owned,
         }
     }
 
@@ -153,6 +173,7 @@ impl Store {
             mut found,
             read_at,
             already_claimed,
+            not_owned,
         } = claim;
         if let Err(error) = self.read_missing(|i| timers[i].1, &mut found) {
             self.release(timers.iter().map(|t| t.1));
@@ -182,6 +203,7 @@ impl Store {
             gone,
             moved,
             already_claimed,
+            not_owned,
             read_at,
         })
     }

@@ -63,6 +63,8 @@ pub struct Applied {
     pub cancelled: usize,
     /// Cancels whose id had nothing pending.
     pub cancel_missed: usize,
+    /// The records this batch deleted (replaced or cancelled).
+    pub removed: Vec<RecordId>,
 }
 
 /// An ingest batch being built, under the store's `writes` lock.
@@ -117,7 +119,7 @@ impl Store {
         }
         let Building {
             mut batch,
-            applied,
+            mut applied,
             counted,
             forget,
             next,
@@ -129,6 +131,7 @@ impl Store {
         }
         let counted = counted.sum();
         self.put_counts(&mut batch, &stats, &counted);
+        applied.removed.clone_from(&forget);
         self.forget_near(forget);
         // Kept before the write, under `writes`: whatever finds a record in RocksDB (the
         // scheduler's reads of the due index, or the timer ingest hands over afterwards) then
@@ -268,7 +271,7 @@ impl Store {
         ))
     }
 
-    fn record_id(&self, pid: Pid, offset: i64) -> Result<RecordId> {
+    pub(super) fn record_id(&self, pid: Pid, offset: i64) -> Result<RecordId> {
         RecordId::new(pid, offset).ok_or_else(|| {
             let (topic, partition) = self.partition_of(pid).unwrap_or_default();
             StoreError::OffsetRange {

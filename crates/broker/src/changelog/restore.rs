@@ -1,0 +1,279 @@
+//! Restoring partitions from the changelog: from the local checkpoint when there is one (only
+//! the tail), from the beginning otherwise, up to the end the changelog had when the restore
+//! began. Blocking; runs on a thread of its own.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::message::Message;
+use rdkafka::{Offset, TopicPartitionList};
+use tracing::{info, warn};
+
+use super::decode;
+use crate::config::Config;
+use crate::kafka::base_config;
+use crate::store::{Checkpoint, Pid, Restored, Store, StoreError};
+
+/// Entries applied per write batch.
+const CHUNK: usize = 4_096;
+/// How often a long restore logs its progress.
+const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+
+/// A partition to restore.
+#[derive(Debug, Clone)]
+pub struct Part {
+    /// Its id in the store.
+    pub pid: Pid,
+    /// The changelog topic.
+    pub topic: String,
+    /// The partition (the source partition's number).
+    pub partition: i32,
+    /// Turns true when the partition is revoked: the restore of it stops.
+    pub cancelled: Arc<AtomicBool>,
+}
+
+/// What a restore did for one partition.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Outcome {
+    /// Where ingest resumes (the changelog's last source offset), if it says.
+    pub source_next: Option<i64>,
+    /// Entries read from the changelog.
+    pub entries: u64,
+    /// Whether it started from a local checkpoint (only the tail was read).
+    pub from_checkpoint: bool,
+}
+
+/// Why a restore failed.
+#[derive(Debug, thiserror::Error)]
+pub enum RestoreError {
+    /// Reading the changelog failed.
+    #[error("reading changelog {topic}/{partition}: {source}")]
+    Kafka {
+        /// Changelog topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// librdkafka's error.
+        source: KafkaError,
+    },
+    /// Writing RocksDB failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// An entry could not be read.
+    #[error("changelog {topic}/{partition} offset {offset}: {detail}")]
+    Corrupt {
+        /// Changelog topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// Offset of the entry.
+        offset: i64,
+        /// What is wrong.
+        detail: String,
+    },
+}
+
+/// One partition being restored.
+struct Progress {
+    part: Part,
+    /// Next changelog offset to apply; the restore is done when it reaches `end`.
+    next: i64,
+    end: i64,
+    source_next: Option<i64>,
+    buffer: Vec<Restored>,
+    entries: u64,
+    from_checkpoint: bool,
+}
+
+/// Restores `parts` into `store` and returns each one's outcome (a cancelled one is left out).
+///
+/// # Errors
+/// The first partition that could not be restored; what was applied of it stays, with its
+/// checkpoint, so a second try reads only the rest.
+pub fn restore(
+    config: &Config,
+    store: &Store,
+    parts: Vec<Part>,
+    wait: Duration,
+) -> Result<HashMap<Pid, Outcome>, RestoreError> {
+    // One consumer per changelog topic: librdkafka's end-of-partition event names only the
+    // partition's number.
+    let mut by_topic: HashMap<String, Vec<Part>> = HashMap::new();
+    for part in parts {
+        by_topic.entry(part.topic.clone()).or_default().push(part);
+    }
+    let mut out = HashMap::new();
+    for (topic, parts) in by_topic {
+        let mut progress = Vec::with_capacity(parts.len());
+        let consumer = restore_consumer(config, &topic)?;
+        for part in parts {
+            progress.push(start(store, &consumer, part, wait)?);
+        }
+        read_topic(store, &consumer, &mut progress)?;
+        // The checkpoint of a partition with nothing (left) to read, and what is buffered.
+        for p in progress.iter_mut() {
+            if !p.part.cancelled.load(Ordering::Relaxed) {
+                apply(store, p)?;
+            }
+        }
+        out.extend(
+            progress
+                .into_iter()
+                .filter(|p| !p.part.cancelled.load(Ordering::Relaxed))
+                .map(|p| {
+                    (
+                        p.part.pid,
+                        Outcome {
+                            source_next: p.source_next,
+                            entries: p.entries,
+                            from_checkpoint: p.from_checkpoint,
+                        },
+                    )
+                }),
+        );
+    }
+    Ok(out)
+}
+
+fn restore_consumer(config: &Config, topic: &str) -> Result<BaseConsumer, RestoreError> {
+    let mut c = base_config(config);
+    c.set("group.id", format!("{}-restore", config.kafka.group_id))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed")
+        .set("max.partition.fetch.bytes", "10485760");
+    c.create().map_err(|source| RestoreError::Kafka {
+        topic: topic.to_owned(),
+        partition: -1,
+        source,
+    })
+}
+
+fn kafka(part: &Part, source: KafkaError) -> RestoreError {
+    RestoreError::Kafka {
+        topic: part.topic.clone(),
+        partition: part.partition,
+        source,
+    }
+}
+
+/// Where a partition's restore starts and ends. Local state without a checkpoint (or with one
+/// past the changelog's end: the changelog was recreated) cannot be trusted and is dropped.
+fn start(
+    store: &Store,
+    consumer: &BaseConsumer,
+    part: Part,
+    wait: Duration,
+) -> Result<Progress, RestoreError> {
+    let (low, end) = consumer
+        .fetch_watermarks(&part.topic, part.partition, wait)
+        .map_err(|source| kafka(&part, source))?;
+    let checkpoint = store.checkpoint(part.pid)?;
+    let usable = checkpoint.filter(|c| c.changelog_next >= low && c.changelog_next <= end);
+    if usable.is_none() {
+        let dropped = store.drop_partition(part.pid)?;
+        if dropped > 0 || checkpoint.is_some() {
+            warn!(topic = %part.topic, partition = part.partition, dropped, ?checkpoint, low, end,
+                  "local state of the partition does not match its changelog; restoring it from the beginning");
+        }
+    }
+    Ok(Progress {
+        next: usable.map_or(low, |c| c.changelog_next),
+        end,
+        source_next: usable.and_then(|c| c.source_next),
+        buffer: Vec::new(),
+        entries: 0,
+        from_checkpoint: usable.is_some(),
+        part,
+    })
+}
+
+/// Reads one changelog topic's partitions until each reached the end it had when the restore
+/// began (or was cancelled), applying entries a chunk at a time with the checkpoint they reach.
+fn read_topic(
+    store: &Store,
+    consumer: &BaseConsumer,
+    progress: &mut [Progress],
+) -> Result<(), RestoreError> {
+    let mut tpl = TopicPartitionList::new();
+    for p in progress.iter().filter(|p| p.next < p.end) {
+        tpl.add_partition_offset(&p.part.topic, p.part.partition, Offset::Offset(p.next))
+            .map_err(|source| kafka(&p.part, source))?;
+    }
+    if tpl.count() == 0 {
+        return Ok(());
+    }
+    consumer
+        .assign(&tpl)
+        .map_err(|source| kafka(&progress[0].part, source))?;
+    let index: HashMap<i32, usize> = progress
+        .iter()
+        .enumerate()
+        .map(|(i, p)| (p.part.partition, i))
+        .collect();
+    let started = Instant::now();
+    let mut logged = Instant::now();
+    let done = |p: &Progress| p.next >= p.end || p.part.cancelled.load(Ordering::Relaxed);
+    while !progress.iter().all(done) {
+        match consumer.poll(Duration::from_millis(100)) {
+            None => {}
+            // Compaction and transaction markers can leave the last offsets without a record:
+            // the end-of-partition event says the rest has been read.
+            Some(Err(KafkaError::PartitionEOF(partition))) => {
+                if let Some(p) = index.get(&partition).map(|&i| &mut progress[i]) {
+                    p.next = p.next.max(p.end);
+                    apply(store, p)?;
+                }
+            }
+            Some(Err(source)) => return Err(kafka(&progress[0].part, source)),
+            Some(Ok(m)) => {
+                let Some(&i) = index.get(&m.partition()) else {
+                    continue;
+                };
+                let p = &mut progress[i];
+                if m.offset() < p.next || done(p) {
+                    continue;
+                }
+                let entry =
+                    decode(m.key(), m.payload()).map_err(|detail| RestoreError::Corrupt {
+                        topic: p.part.topic.clone(),
+                        partition: p.part.partition,
+                        offset: m.offset(),
+                        detail,
+                    })?;
+                if let Restored::SourceOffset(n) = entry {
+                    p.source_next = Some(n);
+                }
+                p.buffer.push(entry);
+                p.entries += 1;
+                p.next = m.offset() + 1;
+                if p.buffer.len() >= CHUNK || p.next >= p.end {
+                    apply(store, p)?;
+                }
+            }
+        }
+        if logged.elapsed() >= PROGRESS_EVERY {
+            logged = Instant::now();
+            for p in progress.iter().filter(|p| !done(p)) {
+                info!(topic = %p.part.topic, partition = p.part.partition, entries = p.entries,
+                      at = p.next, end = p.end, seconds = started.elapsed().as_secs(),
+                      "restoring from the changelog");
+            }
+        }
+    }
+    Ok(())
+}
+
+fn apply(store: &Store, p: &mut Progress) -> Result<(), RestoreError> {
+    let at = Checkpoint {
+        changelog_next: p.next,
+        source_next: p.source_next,
+    };
+    store.restore(p.part.pid, &p.buffer, at)?;
+    p.buffer.clear();
+    Ok(())
+}

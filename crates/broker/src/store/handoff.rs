@@ -1,0 +1,408 @@
+//! A source partition's state moving between instances: which partitions this store owns
+//! (only those fire), the checkpoint of the changelog it reflects, restoring changelog entries
+//! into it, and dropping a partition's state when it leaves.
+//!
+//! With a changelog, the local store is a cache of it. Every change reaches RocksDB before the
+//! changelog, so the changelog below the checkpoint is reflected here; restoring from the
+//! checkpoint onwards (the tail) re-applies entries that may be here already, which is why
+//! [`Store::restore`] is idempotent: a record put twice is stored once, a record deleted twice
+//! is deleted once.
+
+use std::borrow::Cow;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+
+use crate::hashing::BuildMul;
+
+use super::codec::{DueKey, IdKey, IdValue, MetaKey, NextOffset, PidKey, RecordKey};
+use super::column::{Batch, Due, Ids, Meta, Offsets, Records};
+use super::stats::Changes;
+use super::{io, Pid, RecordId, Result, Store, StoreError, StoredRecord};
+
+/// Which source partitions fire from this store.
+#[derive(Debug)]
+pub(super) enum Owned {
+    /// Every partition (no changelog: the local store is the only copy).
+    All,
+    /// Only these, restored and not revoked.
+    Only(HashSet<Pid, BuildMul>),
+}
+
+impl Owned {
+    /// Whether records of `pid` fire here.
+    pub(super) fn contains(&self, pid: Pid) -> bool {
+        match self {
+            Owned::All => true,
+            Owned::Only(set) => set.contains(&pid),
+        }
+    }
+}
+
+/// One changelog entry, as restored.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Restored {
+    /// The record at this source offset is pending, as given.
+    Record {
+        /// Source offset.
+        offset: i64,
+        /// The record.
+        record: StoredRecord,
+    },
+    /// The record at this source offset is not pending (fired, cancelled or replaced).
+    Gone {
+        /// Source offset.
+        offset: i64,
+    },
+    /// Ingest had consumed the source partition up to here (exclusive).
+    SourceOffset(i64),
+}
+
+/// The changelog position the local state of a partition reflects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Checkpoint {
+    /// Every changelog entry below this offset is reflected in the local state.
+    pub changelog_next: i64,
+    /// The next source offset to consume, as the changelog confirms it (`None`: nothing
+    /// consumed yet).
+    pub source_next: Option<i64>,
+}
+
+impl Checkpoint {
+    fn encode(self) -> [u8; 16] {
+        let mut v = [0u8; 16];
+        v[..8].copy_from_slice(&self.changelog_next.to_be_bytes());
+        v[8..].copy_from_slice(&self.source_next.unwrap_or(-1).to_be_bytes());
+        v
+    }
+
+    fn decode(v: &[u8]) -> Option<Self> {
+        let changelog_next = i64::from_be_bytes(v.get(..8)?.try_into().ok()?);
+        let source = i64::from_be_bytes(v.get(8..16)?.try_into().ok()?);
+        Some(Self {
+            changelog_next,
+            source_next: (source >= 0).then_some(source),
+        })
+    }
+}
+
+/// Records dropped per write batch when a partition leaves.
+const DROP_CHUNK: usize = 4_096;
+
+/// A pending record as a restore batch needs to know it: its due time, target and id.
+type Known = Option<(u64, String, Option<Vec<u8>>)>;
+
+/// A restore batch being built.
+struct Restoring<'a, 'db> {
+    batch: Batch<'db>,
+    counted: Changes<'a>,
+    /// Records this batch has written or deleted so far.
+    records: HashMap<RecordId, Known, BuildMul>,
+    /// Id mappings this batch has written or deleted so far.
+    ids: HashMap<IdKey, Option<RecordId>>,
+    delta: i64,
+    forget: Vec<RecordId>,
+    /// The earliest due time written.
+    min_due: u64,
+}
+
+impl Store {
+    /// From now on only the partitions handed to [`Store::own`] fire (a changelog is on).
+    pub fn track_ownership(&self) {
+        self.lock_firing().owned = Owned::Only(HashSet::default());
+    }
+
+    /// Whether records of `pid` may fire from this store.
+    pub fn owns(&self, pid: Pid) -> bool {
+        self.lock_firing().owned.contains(pid)
+    }
+
+    /// How many source partitions fire from this store (without a changelog: every one it
+    /// has seen).
+    pub fn owned_partitions(&self) -> usize {
+        match &self.lock_firing().owned {
+            Owned::All => self.partition_count(),
+            Owned::Only(set) => set.len(),
+        }
+    }
+
+    /// Records of `pid` fire from this store from now on (its restore is complete).
+    pub fn own(&self, pid: Pid) {
+        if let Owned::Only(set) = &mut self.lock_firing().owned {
+            set.insert(pid);
+        }
+    }
+
+    /// Records of `pid` no longer fire from this store; returns how many of its records are
+    /// claimed (being published) now. Wait with [`Store::claimed_in`] until none are.
+    pub fn disown(&self, pid: Pid) -> usize {
+        let mut firing = self.lock_firing();
+        if let Owned::Only(set) = &mut firing.owned {
+            set.remove(&pid);
+        }
+        firing.claimed_of(pid)
+    }
+
+    /// How many records of `pid` are claimed for firing now.
+    pub fn claimed_in(&self, pid: Pid) -> usize {
+        self.lock_firing().claimed_of(pid)
+    }
+
+    /// The checkpoint of `pid`'s state, if it has one.
+    ///
+    /// # Errors
+    /// A read failure or a corrupt entry.
+    pub fn checkpoint(&self, pid: Pid) -> Result<Option<Checkpoint>> {
+        let Some(v) = self.get_pinned::<Meta>(&MetaKey::checkpoint(pid), "checkpoint read")? else {
+            return Ok(None);
+        };
+        Checkpoint::decode(&v)
+            .map(Some)
+            .ok_or_else(|| StoreError::Corrupt {
+                what: "meta",
+                detail: "checkpoint is not 16 bytes".into(),
+            })
+    }
+
+    /// Records that the changelog below `at.changelog_next` is reflected here, and where
+    /// ingest resumes. Not synced: losing it only makes the next restore read further back.
+    ///
+    /// # Errors
+    /// A write failure.
+    pub fn set_checkpoint(&self, pid: Pid, at: Checkpoint) -> Result<()> {
+        let mut batch = self.batch();
+        batch.put::<Meta>(&MetaKey::checkpoint(pid), &at.encode());
+        self.write(batch, false, "checkpoint write")
+    }
+
+    /// Applies changelog entries of `pid`, in changelog order, in one write batch with the
+    /// checkpoint `at`. Idempotent: entries this store applied before change nothing.
+    ///
+    /// # Errors
+    /// A read or write failure, or an offset out of range; nothing is written then.
+    pub fn restore(&self, pid: Pid, entries: &[Restored], at: Checkpoint) -> Result<()> {
+        let mut stats = self.lock_writes();
+        let mut r = Restoring {
+            batch: self.batch(),
+            counted: Changes::default(),
+            records: HashMap::default(),
+            ids: HashMap::new(),
+            delta: 0,
+            forget: Vec::new(),
+            min_due: u64::MAX,
+        };
+        for entry in entries {
+            match entry {
+                Restored::Record { offset, record } => {
+                    let rid = self.record_id(pid, *offset)?;
+                    self.restore_put(&mut r, rid, record)?;
+                }
+                Restored::Gone { offset } => {
+                    let rid = self.record_id(pid, *offset)?;
+                    self.restore_delete(&mut r, rid)?;
+                }
+                Restored::SourceOffset(next) => {
+                    r.batch
+                        .put::<Offsets>(&PidKey::new(pid), &NextOffset::new(*next));
+                }
+            }
+        }
+        let Restoring {
+            mut batch,
+            counted,
+            delta,
+            forget,
+            min_due,
+            ..
+        } = r;
+        batch.put::<Meta>(&MetaKey::checkpoint(pid), &at.encode());
+        let counted = counted.sum();
+        self.put_counts(&mut batch, &stats, &counted);
+        self.forget_near(forget);
+        self.write(batch, false, "restore write")?;
+        self.pending.fetch_add(delta, Ordering::Relaxed);
+        self.changes.fetch_add(1, Ordering::Release);
+        self.low_water.fetch_min(min_due, Ordering::Relaxed);
+        stats.apply(&counted);
+        Ok(())
+    }
+
+    /// What a restore batch knows of `rid`: from the batch, else from RocksDB.
+    fn known(&self, r: &Restoring<'_, '_>, rid: RecordId) -> Result<Known> {
+        if let Some(k) = r.records.get(&rid) {
+            return Ok(k.clone());
+        }
+        let Some(v) = self.get_pinned::<Records>(&RecordKey::new(rid), "record read")? else {
+            return Ok(None);
+        };
+        let rec = StoredRecord::from_bytes(v.to_vec()).map_err(|detail| StoreError::Corrupt {
+            what: "records",
+            detail,
+        })?;
+        Ok(Some((
+            rec.due_ms(),
+            rec.target().to_owned(),
+            rec.id().map(<[u8]>::to_vec),
+        )))
+    }
+
+    fn restore_put(
+        &self,
+        r: &mut Restoring<'_, '_>,
+        rid: RecordId,
+        rec: &StoredRecord,
+    ) -> Result<()> {
+        // The same record again (a tail re-applied) or moved by an operator: replace in place.
+        self.restore_delete(r, rid)?;
+        if let Some(id) = rec.id() {
+            let key = IdKey::new(rid.pid(), id);
+            let mapped = match r.ids.get(&key) {
+                Some(m) => *m,
+                None => self.mapped_id(&key)?.map(|(m, _)| m),
+            };
+            // A newer record with the same id replaces the pending one (as at ingest).
+            if let Some(old) = mapped.filter(|m| *m != rid) {
+                self.restore_delete(r, old)?;
+            }
+            r.batch.put::<Ids>(&key, &IdValue::new(rid, rec.due_ms()));
+            r.ids.insert(key, Some(rid));
+        }
+        r.batch.put::<Records>(&RecordKey::new(rid), rec);
+        r.batch
+            .put::<Due>(&DueKey::new(rec.due_ms(), rid), rec.target());
+        r.counted
+            .push(Cow::Owned(rec.target().to_owned()), rec.due_ms(), true);
+        r.records.insert(
+            rid,
+            Some((
+                rec.due_ms(),
+                rec.target().to_owned(),
+                rec.id().map(<[u8]>::to_vec),
+            )),
+        );
+        r.delta += 1;
+        r.min_due = r.min_due.min(rec.due_ms());
+        Ok(())
+    }
+
+    fn restore_delete(&self, r: &mut Restoring<'_, '_>, rid: RecordId) -> Result<()> {
+        let Some((due, target, id)) = self.known(r, rid)? else {
+            return Ok(());
+        };
+        if let Some(id) = id {
+            let key = IdKey::new(rid.pid(), &id);
+            let mapped = match r.ids.get(&key) {
+                Some(m) => *m,
+                None => self.mapped_id(&key)?.map(|(m, _)| m),
+            };
+            if mapped == Some(rid) {
+                r.batch.delete::<Ids>(&key);
+                r.ids.insert(key, None);
+            }
+        }
+        r.batch.delete::<Records>(&RecordKey::new(rid));
+        r.batch.delete::<Due>(&DueKey::new(due, rid));
+        r.counted.push(Cow::Owned(target), due, false);
+        r.records.insert(rid, None);
+        r.forget.push(rid);
+        r.delta -= 1;
+        Ok(())
+    }
+
+    /// Deletes every record of `pid` with its index entries, id mappings, counts, offset and
+    /// checkpoint (the partition left this instance, or its state here cannot be trusted).
+    /// Returns how many records went.
+    ///
+    /// # Errors
+    /// A read or write failure; what was deleted before it stays deleted.
+    pub fn drop_partition(&self, pid: Pid) -> Result<u64> {
+        let first = RecordKey::new(RecordId((u64::from(pid)) << 48));
+        let end = RecordKey::new(RecordId((u64::from(pid) + 1) << 48));
+        let mut dropped = 0u64;
+        loop {
+            let mut stats = self.lock_writes();
+            let mut read = rocksdb::ReadOptions::default();
+            read.set_iterate_upper_bound(end.as_ref().to_vec());
+            let mut it = self.db.raw_iterator_cf_opt(self.cf::<Records>(), read);
+            it.seek(first);
+            let mut batch = self.batch();
+            let mut counted = Changes::default();
+            let mut gone = Vec::new();
+            while it.valid() && gone.len() < DROP_CHUNK {
+                let (Some(k), Some(v)) = (it.key(), it.value()) else {
+                    break;
+                };
+                let rid = RecordId(u64::from_be_bytes(k.try_into().map_err(|_| {
+                    StoreError::Corrupt {
+                        what: "records",
+                        detail: "key is not 8 bytes".into(),
+                    }
+                })?));
+                let rec =
+                    StoredRecord::from_bytes(v.to_vec()).map_err(|detail| StoreError::Corrupt {
+                        what: "records",
+                        detail,
+                    })?;
+                batch.delete::<Records>(&RecordKey::new(rid));
+                batch.delete::<Due>(&DueKey::new(rec.due_ms(), rid));
+                if let Some(id) = rec.id() {
+                    batch.delete::<Ids>(&IdKey::new(pid, id));
+                }
+                counted.push(Cow::Owned(rec.target().to_owned()), rec.due_ms(), false);
+                gone.push(rid);
+                it.next();
+            }
+            it.status().map_err(io("records scan"))?;
+            let last = gone.len() < DROP_CHUNK;
+            if last {
+                batch.delete::<Offsets>(&PidKey::new(pid));
+                batch.delete::<Meta>(&MetaKey::checkpoint(pid));
+            }
+            let counted = counted.sum();
+            self.put_counts(&mut batch, &stats, &counted);
+            self.forget_near(gone.iter().copied());
+            self.write(batch, false, "partition drop")?;
+            self.pending.fetch_sub(gone.len() as i64, Ordering::Relaxed);
+            self.changes.fetch_add(1, Ordering::Release);
+            stats.apply(&counted);
+            dropped += gone.len() as u64;
+            if last {
+                return Ok(dropped);
+            }
+        }
+    }
+
+    /// The source partitions that have records or a checkpoint here.
+    pub fn partitions_with_state(&self) -> Vec<Pid> {
+        (0..self.partition_count())
+            .filter_map(|i| Pid::try_from(i).ok())
+            .filter(|&pid| {
+                let first = RecordKey::new(RecordId(u64::from(pid) << 48));
+                let mut it = self.db.raw_iterator_cf(self.cf::<Records>());
+                it.seek(first);
+                let has_records = it
+                    .key()
+                    .and_then(|k| <[u8; 8]>::try_from(k).ok())
+                    .is_some_and(|k| RecordId(u64::from_be_bytes(k)).pid() == pid);
+                has_records || matches!(self.checkpoint(pid), Ok(Some(_)))
+            })
+            .collect()
+    }
+
+    /// `(due, id)` of every pending record of `pid` due before `until`, in due order: the
+    /// timers to hand the scheduler when the partition starts firing here.
+    ///
+    /// # Errors
+    /// A read failure.
+    pub fn due_of_partition(&self, pid: Pid, until: u64) -> Result<Vec<(u64, RecordId)>> {
+        let mut out = Vec::new();
+        let mut from = (0u64, RecordId(0));
+        loop {
+            let page = self.due_range(from, until, 4_096)?;
+            let Some(&(due, id)) = page.last() else {
+                return Ok(out);
+            };
+            out.extend(page.iter().copied().filter(|(_, id)| id.pid() == pid));
+            from = super::due_key_after(due, id);
+        }
+    }
+}

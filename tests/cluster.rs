@@ -1,0 +1,292 @@
+//! Several instances with a changelog, on Apache Kafka (the mock cluster honours neither static
+//! membership nor cooperative rebalancing): a lost data directory loses nothing, and a killed
+//! instance's partitions move to the others with their pending records.
+
+mod common;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::procs::{free_port, wait_ready, Proc, BIN};
+use common::{collect, http_get, metric, now_ms, reader, Got, Kafka, Topics};
+use rdkafka::producer::FutureRecord;
+use tempfile::TempDir;
+
+/// One `kafka-delay run --changelog` of the test's group, logging to `logs/<name>.log`.
+struct Instance {
+    _proc: Proc,
+    port: u16,
+}
+
+fn spawn(kafka: &Kafka, t: &Topics, data: &Path, logs: &Path, name: &str) -> Instance {
+    let port = free_port();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(logs.join(format!("{name}.log")))
+        .unwrap();
+    let child = Command::new(BIN)
+        .args([
+            "run",
+            "--brokers",
+            &kafka.brokers(),
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--http-addr",
+            &format!("127.0.0.1:{port}"),
+            "--group-id",
+            &format!("g-{}", t.id),
+            "--instance-id",
+            name,
+            "--source-pattern",
+            &t.pattern,
+            "--dead-letter-topic",
+            &t.dlt,
+            "--topic-refresh",
+            "500ms",
+            "--in-flight",
+            "64",
+            "--changelog",
+            "--changelog-replication",
+            "1",
+        ])
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn kafka-delay");
+    Instance {
+        _proc: Proc(child),
+        port,
+    }
+}
+
+/// The last lines of every instance's log, for a failure message.
+fn logs_tail(logs: &Path) -> String {
+    let mut out = String::new();
+    for e in std::fs::read_dir(logs).unwrap().flatten() {
+        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        out += &format!("--- {}\n", e.path().display());
+        for l in &lines[lines.len().saturating_sub(25)..] {
+            out += l;
+            out += "\n";
+        }
+    }
+    out
+}
+
+async fn gauge(i: &Instance, name: &str) -> u64 {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], i.port));
+    match tokio::time::timeout(Duration::from_secs(2), http_get(addr, "/metrics")).await {
+        Ok((200, body)) => metric(&body, name).unwrap_or(0.0) as u64,
+        _ => 0,
+    }
+}
+
+async fn pending(i: &Instance) -> u64 {
+    gauge(i, "kafka_delay_pending_records").await
+}
+
+/// Waits until each instance fires some of the partitions and together all `n`.
+async fn wait_shared(instances: &[&Instance], n: u64, logs: &Path) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut owned = Vec::new();
+        for i in instances {
+            owned.push(gauge(i, "kafka_delay_partitions_owned").await);
+        }
+        if owned.iter().all(|o| *o > 0) && owned.iter().sum::<u64>() == n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "partitions owned {owned:?}, not {n} shared, after 60 s\n{}",
+            logs_tail(logs)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Waits until the instances hold `n` pending records between them.
+async fn wait_pending(instances: &[&Instance], n: u64, logs: &Path) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut sum = 0;
+        for i in instances {
+            sum += pending(i).await;
+        }
+        if sum == n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{sum} of {n} pending after 60 s\n{}",
+            logs_tail(logs)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Produces `r{i}` for i in 0..n, due at `due(i)`, to partition `i % partitions`, waiting for
+/// all acknowledgements at the end.
+async fn produce_due(kafka: &Kafka, t: &Topics, n: u64, partitions: u64, due: impl Fn(u64) -> u64) {
+    let p = kafka.producer();
+    let mut acks = Vec::new();
+    for i in 0..n {
+        let (key, value, at) = (format!("k{i}"), format!("r{i}"), due(i).to_string());
+        let headers = rdkafka::message::OwnedHeaders::new()
+            .insert(rdkafka::message::Header {
+                key: "delay-target",
+                value: Some(t.target.as_str()),
+            })
+            .insert(rdkafka::message::Header {
+                key: "delay-until",
+                value: Some(at.as_str()),
+            });
+        let rec = FutureRecord::to(&t.delay)
+            .partition((i % partitions) as i32)
+            .key(&key)
+            .payload(&value)
+            .headers(headers);
+        acks.push(p.send_result(rec).map_err(|(e, _)| e).expect("enqueued"));
+    }
+    for a in acks {
+        a.await.expect("delivery").expect("acknowledged");
+    }
+}
+
+/// What arrived: lost, duplicated and early records among `r0..r{n}`.
+#[derive(Debug, Default)]
+struct Tally {
+    lost: Vec<u64>,
+    duplicates: u64,
+    early: u64,
+}
+
+fn tally(got: &[Got], n: u64) -> Tally {
+    let mut seen: HashMap<u64, u64> = HashMap::new();
+    let mut t = Tally::default();
+    for g in got {
+        let Some(i) = g
+            .value()
+            .and_then(|v| v.strip_prefix('r').and_then(|s| s.parse().ok()))
+        else {
+            continue;
+        };
+        *seen.entry(i).or_default() += 1;
+        let due = g.num("delay-due-ms");
+        if g.num("delay-fired-ms") < due || g.received_ms < due {
+            t.early += 1;
+        }
+    }
+    t.lost = (0..n).filter(|i| !seen.contains_key(i)).collect();
+    t.duplicates = seen.values().map(|c| c - 1).sum();
+    t
+}
+
+/// Reads the target until `n` distinct records arrived, then `settle` longer for duplicates.
+async fn read_all(
+    kafka: &Kafka,
+    t: &Topics,
+    partitions: i32,
+    n: u64,
+    within: Duration,
+) -> Vec<Got> {
+    let r = reader(kafka, &t.target, partitions);
+    let deadline = std::time::Instant::now() + within;
+    let mut got = Vec::new();
+    while tally(&got, n).lost.len() as u64 > 0 && std::time::Instant::now() < deadline {
+        got.extend(
+            collect(
+                &r,
+                1,
+                deadline.saturating_duration_since(std::time::Instant::now()),
+            )
+            .await,
+        );
+    }
+    got.extend(collect(&r, usize::MAX, Duration::from_secs(3)).await);
+    got
+}
+
+async fn topics(kafka: &Kafka, partitions: i32) -> Topics {
+    let t = Topics::new();
+    kafka.create_topic(&t.delay, partitions).await;
+    kafka.create_topic(&t.target, partitions).await;
+    kafka.create_topic(&t.dlt, 1).await;
+    t
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_data_dir_wiped_after_kill_9_is_restored_from_the_changelog() {
+    let kafka = Kafka::start();
+    let t = topics(&kafka, 2).await;
+    let (data, logs) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+    let a = spawn(&kafka, &t, data.path(), logs.path(), "a");
+    wait_ready(a.port, Duration::from_secs(60)).await;
+    const N: u64 = 300;
+    let base = now_ms() + 12_000;
+    produce_due(&kafka, &t, N, 2, |i| base + i * 10).await;
+    wait_pending(&[&a], N, logs.path()).await;
+
+    // The disk is lost with the process: nothing of the 300 is left on this machine.
+    drop(a);
+    std::fs::remove_dir_all(data.path()).unwrap();
+    std::fs::create_dir(data.path()).unwrap();
+    let a = spawn(&kafka, &t, data.path(), logs.path(), "a");
+    wait_ready(a.port, Duration::from_secs(60)).await;
+
+    let got = read_all(&kafka, &t, 2, N, Duration::from_secs(60)).await;
+    let result = tally(&got, N);
+    eprintln!("wiped data dir: {result:?}");
+    assert!(
+        result.lost.is_empty() && result.duplicates == 0 && result.early == 0,
+        "{result:?}\n{}",
+        logs_tail(logs.path())
+    );
+    drop(a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_killed_instances_partitions_move_to_the_others_with_their_records() {
+    let kafka = Kafka::start();
+    const PARTS: i32 = 4;
+    let t = topics(&kafka, PARTS).await;
+    let logs = TempDir::new().unwrap();
+    let dirs: Vec<TempDir> = (0..3).map(|_| TempDir::new().unwrap()).collect();
+    let a = spawn(&kafka, &t, dirs[0].path(), logs.path(), "a");
+    let b = spawn(&kafka, &t, dirs[1].path(), logs.path(), "b");
+    wait_ready(a.port, Duration::from_secs(60)).await;
+    wait_ready(b.port, Duration::from_secs(60)).await;
+    wait_shared(&[&a, &b], PARTS as u64, logs.path()).await;
+    const N: u64 = 400;
+    let base = now_ms() + 25_000;
+    produce_due(&kafka, &t, N, PARTS as u64, |i| base + i * 10).await;
+    wait_pending(&[&a, &b], N, logs.path()).await;
+    let (held_a, held_b) = (pending(&a).await, pending(&b).await);
+    assert!(
+        held_a > 0 && held_b > 0,
+        "both instances hold partitions: a {held_a}, b {held_b}\n{}",
+        logs_tail(logs.path())
+    );
+
+    // a dies with its disk; b takes its partitions once a's session times out, and c joins.
+    drop(a);
+    std::fs::remove_dir_all(dirs[0].path()).unwrap();
+    let c = spawn(&kafka, &t, dirs[2].path(), logs.path(), "c");
+    wait_ready(c.port, Duration::from_secs(60)).await;
+    wait_shared(&[&b, &c], PARTS as u64, logs.path()).await;
+    wait_pending(&[&b, &c], N, logs.path()).await;
+
+    let got = read_all(&kafka, &t, PARTS, N, Duration::from_secs(90)).await;
+    let result = tally(&got, N);
+    eprintln!("a killed holding {held_a} of {N}, b held {held_b}; after the handoff: {result:?}");
+    assert!(
+        result.lost.is_empty() && result.duplicates == 0 && result.early == 0,
+        "{result:?}\n{}",
+        logs_tail(logs.path())
+    );
+    drop((b, c));
+}
