@@ -80,7 +80,15 @@ pub(super) async fn bulk_cancel(
     off_runtime(move || {
         a.mutate(&headers, "bulk_cancel", &bulk_what(&f), || {
             bulk(&a, &f, |ids| {
-                Ok(a.store.cancel_many(ids).map_err(internal)?.len())
+                let gone: Vec<RecordId> = a
+                    .store
+                    .cancel_many(ids)
+                    .map_err(internal)?
+                    .into_iter()
+                    .map(|(rid, _)| rid)
+                    .collect();
+                a.log_changes(&[], &gone)?;
+                Ok(gone.len())
             })
         })
     })
@@ -120,6 +128,8 @@ fn bulk_move(a: &Admin, f: &Filter, due: u64) -> ApiResult {
     let mut woken = Vec::new();
     let r = bulk(a, f, |ids| {
         let moved = a.store.reschedule_many(ids, due).map_err(internal)?;
+        let rids: Vec<RecordId> = moved.iter().map(|(rid, _)| *rid).collect();
+        a.log_changes(&rids, &[])?;
         woken.extend(moved.iter().map(|(rid, _)| (due, *rid)));
         Ok(moved.len())
     });

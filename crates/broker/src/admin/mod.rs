@@ -86,6 +86,8 @@ pub struct Admin {
     pub max_delay_ms: u64,
     /// What the web console's part of the API reads.
     pub console: console::Console,
+    /// With a changelog: operators' changes are written there before they are answered.
+    pub handoff: Option<Arc<crate::changelog::handoff::Handoff>>,
 }
 
 impl std::fmt::Debug for Admin {
@@ -201,6 +203,28 @@ impl Admin {
             }
         }
         result
+    }
+
+    /// Writes changes the store made to the changelog (with one): records moved, as they are
+    /// now, and records cancelled.
+    fn log_changes(&self, moved: &[RecordId], cancelled: &[RecordId]) -> Result<(), ApiError> {
+        let Some(h) = &self.handoff else {
+            return Ok(());
+        };
+        let now = self.store.get(moved).map_err(internal)?;
+        let changes: Vec<(RecordId, Option<crate::store::StoredRecord>)> = moved
+            .iter()
+            .copied()
+            .zip(now)
+            .filter(|(_, r)| r.is_some())
+            .chain(cancelled.iter().map(|rid| (*rid, None)))
+            .collect();
+        h.write_now(&changes).map_err(|e| {
+            ApiError(
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!("changed here, but not confirmed by the changelog ({e}); try again"),
+            )
+        })
     }
 
     fn wake(&self, entries: Vec<(u64, RecordId)>) {

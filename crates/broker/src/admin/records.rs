@@ -189,9 +189,11 @@ pub(super) async fn cancel(
     a.mutate(&headers, "cancel", &id, || {
         let rid = parse_id(&id)?;
         match a.store.cancel(rid).map_err(internal)? {
-            Some(rec) => Ok(Json(json!({
-                "cancelled": summary(&a.store, rid, rec.due_ms(), rec.target())
-            }))),
+            Some(rec) => a.log_changes(&[], &[rid]).map(|()| {
+                Json(json!({
+                    "cancelled": summary(&a.store, rid, rec.due_ms(), rec.target())
+                }))
+            }),
             None => Err(ApiError(
                 StatusCode::NOT_FOUND,
                 format!("no pending record {id}"),
@@ -236,6 +238,7 @@ pub(super) fn move_one(a: &Admin, id: &str, due: u64) -> ApiResult {
     let rid = parse_id(id)?;
     match a.store.reschedule(rid, due).map_err(internal)? {
         Some(previous) => {
+            a.log_changes(&[rid], &[])?;
             a.wake(vec![(due, rid)]);
             let target = a
                 .store

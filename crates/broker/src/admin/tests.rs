@@ -91,6 +91,7 @@ fn without_a_token_only_a_loopback_listener_answers() {
         loopback,
         max_delay_ms: 1,
         console: crate::admin::console::Console::default(),
+        handoff: None,
     };
     let none = HeaderMap::new();
     let mut good = HeaderMap::new();

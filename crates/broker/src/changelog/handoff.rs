@@ -22,11 +22,11 @@ use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use super::restore::{self, Outcome, Part};
-use super::{topics, Changelog};
+use super::{topics, Changelog, Entry};
 use crate::config::{millis, Config};
 use crate::metrics::Metrics;
 use crate::scheduler::{Inserts, Wake};
-use crate::store::{Pid, Store};
+use crate::store::{Pid, RecordId, Store, StoredRecord};
 
 /// Where ingest resumes each partition it was handed: set before the partition is resumed,
 /// taken by ingest before its next group.
@@ -115,6 +115,42 @@ impl Handoff {
         self.owed.fetch_sub(1, Ordering::AcqRel);
     }
 
+    /// Writes operators' changes to the changelog and waits for them (blocking; called after
+    /// the store made them): a record moved (`Some`, as it is now) or cancelled (`None`).
+    ///
+    /// # Errors
+    /// What Kafka refused; the change stands here but a restore elsewhere would not see it.
+    pub fn write_now(&self, changes: &[(RecordId, Option<StoredRecord>)]) -> Result<(), String> {
+        let mut by_pid: HashMap<Pid, Vec<Entry<'_>>> = HashMap::new();
+        for (rid, rec) in changes {
+            let e = match rec {
+                Some(r) => Entry::Record(rid.offset(), r),
+                None => Entry::Gone(rid.offset()),
+            };
+            by_pid.entry(rid.pid()).or_default().push(e);
+        }
+        let write = async {
+            for (pid, entries) in &by_pid {
+                let Some((topic, partition)) = self.store.partition_of(*pid) else {
+                    continue;
+                };
+                self.changelog
+                    .write(&topic, partition, entries)
+                    .await
+                    .map_err(|e| format!("changelog {topic}/{partition}: {e}"))?;
+            }
+            Ok(())
+        };
+        match tokio::runtime::Handle::try_current() {
+            Ok(h) => blocking(|| h.block_on(write)),
+            Err(_) => tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?
+                .block_on(write),
+        }
+    }
+
     /// In the rebalance callback: `tpl` is assigned paused and handed to the restore task.
     pub fn on_assign<C: ConsumerContext>(
         &self,
@@ -126,6 +162,11 @@ impl Handoff {
         }
         let mut parts = Vec::new();
         for e in tpl.elements() {
+            if self.changelog.is_changelog(e.topic()) {
+                error!(topic = e.topic(), partition = e.partition(),
+                       "--source-pattern matches a changelog topic; it stays paused (narrow the pattern)");
+                continue;
+            }
             let pid = match self.store.partition_id(e.topic(), e.partition()) {
                 Ok(pid) => pid,
                 Err(err) => {

@@ -135,6 +135,14 @@ impl Changelog {
         topic_name(&self.group, source)
     }
 
+    /// Whether `topic` is one of this group's changelog topics.
+    pub fn is_changelog(&self, topic: &str) -> bool {
+        topic
+            .strip_prefix(self.group.as_str())
+            .and_then(|t| t.strip_prefix('-'))
+            .is_some_and(|t| t.ends_with("-changelog"))
+    }
+
     /// Writes `entries` of source partition `source`/`partition` and waits until Kafka has
     /// them all; returns the changelog offset after the last one.
     ///

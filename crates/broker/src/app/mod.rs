@@ -30,6 +30,9 @@ use crate::slice;
 use crate::store::{Store, StoreError, StoreOptions};
 use crate::{admin, publish};
 
+mod running;
+pub use running::Running;
+
 /// Why the broker could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum StartError {
@@ -75,22 +78,6 @@ async fn request_producer_ids(
     .await;
 }
 
-/// A started broker.
-#[derive(Debug)]
-pub struct Running {
-    stop_ingest: watch::Sender<bool>,
-    stop_rest: watch::Sender<bool>,
-    ingest: JoinHandle<()>,
-    scheduler: std::thread::JoinHandle<()>,
-    publisher: JoinHandle<()>,
-    http: JoinHandle<()>,
-    http_addr: SocketAddr,
-    store: Arc<Store>,
-    metrics: Metrics,
-    health: Health,
-    handoff: Option<Arc<Handoff>>,
-}
-
 /// What every part of a running broker shares.
 #[derive(Clone)]
 struct Shared {
@@ -101,7 +88,7 @@ struct Shared {
     /// New timers for the scheduler (new records, retries, operators' moves).
     inserts: Inserts,
     /// With a changelog: partitions moving between instances.
-    handoff: Option<(Arc<Handoff>, Arc<std::sync::Mutex<Option<Events>>>)>,
+    handoff: Option<Arc<Handoff>>,
 }
 
 /// Starts the broker and returns once it is ready (recovery done, consumer subscribed).
@@ -120,16 +107,17 @@ pub async fn start(
     let (inserts, insert_rx) = mpsc::channel::<Wake>(1_024);
     let store = open_store(&config).await?;
     let metrics = new_metrics(&registry)?;
-    let handoff = if config.cluster.changelog {
+    let (handoff, events) = if config.cluster.changelog {
+        let changelog = Changelog::new(&config)?;
         let (h, events) = Handoff::new(
             store.clone(),
-            Changelog::new(&config)?,
+            changelog,
             Arc::new(config.clone()),
             metrics.clone(),
         );
-        Some((h, Arc::new(std::sync::Mutex::new(Some(events)))))
+        (Some(h), Some(events))
     } else {
-        None
+        (None, None)
     };
     let shared = Shared {
         store,
@@ -182,7 +170,14 @@ pub async fn start(
     let publisher = tokio::spawn(publisher.run(due_rx, stop_rest_rx, completions));
 
     wait_armed(&config, &shared, &mut armed, recovered).await;
-    let ingest = start_ingest(&config, &shared, producer, ingest_producer, stop_ingest_rx).await?;
+    let ingest = start_ingest(
+        &config,
+        &shared,
+        (producer, ingest_producer),
+        events,
+        stop_ingest_rx,
+    )
+    .await?;
     shared.health.ready.store(true, Ordering::Relaxed);
     shared.metrics.broker.ready.set(1);
     info!(recovered, "ready");
@@ -194,7 +189,7 @@ pub async fn start(
         publisher,
         http,
         http_addr,
-        handoff: shared.handoff.map(|(h, _)| h),
+        handoff: shared.handoff,
         store: shared.store,
         metrics: shared.metrics,
         health: shared.health,
@@ -285,6 +280,7 @@ async fn start_http(
         loopback: config.http.addr.ip().is_loopback(),
         max_delay_ms: config.contract.max_delay_ms,
         console,
+        handoff: shared.handoff.clone(),
     };
     if !admin.loopback && admin.token.is_none() {
         warn!(addr = %config.http.addr,
@@ -376,7 +372,7 @@ fn publisher(
         in_flight: config.fire.in_flight,
         limits: Arc::new(config.fire.limits.clone()),
         history,
-        handoff: shared.handoff.as_ref().map(|(h, _)| h.clone()),
+        handoff: shared.handoff.clone(),
     }
 }
 
@@ -385,8 +381,8 @@ fn publisher(
 async fn start_ingest(
     config: &Config,
     shared: &Shared,
-    producer: FutureProducer,
-    ingest_producer: FutureProducer,
+    (producer, ingest_producer): (FutureProducer, FutureProducer),
+    events: Option<Events>,
     stop: watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, StartError> {
     // With a changelog, each partition resumes where its restore says (Handoff::resumes).
@@ -405,24 +401,20 @@ async fn start_ingest(
             warn!(%topic, error = %e, "the retry topic does not exist and could not be created");
         }
     }
-    let handoff = shared.handoff.as_ref().map(|(h, _)| h.clone());
+    let handoff = shared.handoff.clone();
     let consumer = Arc::new(ingest::consumer(
         config,
         shared.store.clone(),
         shared.metrics.clone(),
         handoff.clone(),
     )?);
-    if let Some((h, events)) = &shared.handoff {
-        let events = events.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some(events) = events {
-            tokio::spawn(h.clone().run(
-                events,
-                consumer.clone(),
-                shared.inserts.clone(),
-                millis(config.wheel.horizon),
-                shared.clock.clone(),
-            ));
-        }
+    if let (Some(h), Some(events)) = (&handoff, events) {
+        let horizon = millis(config.wheel.horizon);
+        let (inserts, clock) = (shared.inserts.clone(), shared.clock.clone());
+        tokio::spawn(
+            h.clone()
+                .run(events, consumer.clone(), inserts, horizon, clock),
+        );
     }
     let ingest = Ingest {
         consumer,
@@ -444,59 +436,4 @@ async fn start_ingest(
         stopping: None,
     };
     Ok(tokio::spawn(ingest.run(stop)))
-}
-
-impl Running {
-    /// The bound HTTP address.
-    pub fn http_addr(&self) -> SocketAddr {
-        self.http_addr
-    }
-
-    /// The metrics.
-    pub fn metrics(&self) -> &Metrics {
-        &self.metrics
-    }
-
-    /// The store.
-    pub fn store(&self) -> &Arc<Store> {
-        &self.store
-    }
-
-    /// Stops consuming (committing offsets), stops the scheduler, finishes the deliveries in
-    /// flight, flushes the producer and closes RocksDB cleanly.
-    pub async fn shutdown(self) {
-        info!("shutting down: stopping ingest");
-        self.health.ready.store(false, Ordering::Relaxed);
-        if let Some(h) = &self.handoff {
-            h.stopping();
-        }
-        let _ = self.stop_ingest.send(true);
-        let _ = self.ingest.await;
-        info!("ingest stopped; finishing deliveries in flight");
-        let _ = self.stop_rest.send(true);
-        let scheduler = self.scheduler;
-        let _ = tokio::task::spawn_blocking(move || scheduler.join()).await;
-        let _ = self.publisher.await;
-        if let Some(h) = self.handoff {
-            let flushed = tokio::task::spawn_blocking(move || {
-                h.changelog().flush(std::time::Duration::from_secs(10))
-            })
-            .await;
-            info!(result = ?flushed.map(|r| r.map_err(|e| e.to_string())), "changelog flushed");
-        }
-        let _ = self.http.await;
-        let store = self.store;
-        let flushed = tokio::task::spawn_blocking(move || {
-            let r = store.flush();
-            drop(store);
-            r
-        })
-        .await;
-        match flushed {
-            Ok(Ok(())) => info!("RocksDB closed; stopped"),
-            other => {
-                warn!(result = ?other.map(|r| r.map_err(|e| e.to_string())), "RocksDB flush at shutdown failed")
-            }
-        }
-    }
 }
