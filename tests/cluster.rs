@@ -290,3 +290,97 @@ async fn apache_kafka_a_killed_instances_partitions_move_to_the_others_with_thei
     );
     drop((b, c));
 }
+
+fn soak() -> bool {
+    std::env::var("KAFKA_DELAY_SOAK").is_ok_and(|v| v == "1")
+}
+
+/// Stops an instance as an orchestrator would (SIGTERM), waiting at most 60 s.
+fn stop_gracefully(mut i: Instance) {
+    let pid = i._proc.0.id().to_string();
+    let _ = Command::new("kill").args(["-TERM", &pid]).status();
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(_)) = i._proc.0.try_wait() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("instance did not stop within 60 s of SIGTERM");
+}
+
+/// Three instances share twelve partitions while records come due; one at a time is killed
+/// with SIGKILL and restarted (its data directory wiped every other time), a fourth joins and
+/// one leaves with SIGTERM. Bounded here (`KAFKA_DELAY_SOAK=1`: 100,000 records, more rounds).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_churn_with_kill_9_wiped_disks_a_join_and_a_leave_loses_nothing_and_is_never_early(
+) {
+    let kafka = Kafka::start();
+    const PARTS: i32 = 12;
+    let t = topics(&kafka, PARTS).await;
+    let logs = TempDir::new().unwrap();
+    let (n, rounds, spread_ms): (u64, usize, u64) = if soak() {
+        (100_000, 12, 240_000)
+    } else {
+        (6_000, 4, 50_000)
+    };
+    let dirs: Vec<TempDir> = (0..4).map(|_| TempDir::new().unwrap()).collect();
+    let names = ["a", "b", "c", "d"];
+    let mut live: Vec<Option<Instance>> = (0..3)
+        .map(|k| Some(spawn(&kafka, &t, dirs[k].path(), logs.path(), names[k])))
+        .collect();
+    for i in live.iter().flatten() {
+        wait_ready(i.port, Duration::from_secs(60)).await;
+    }
+    let base = now_ms() + 8_000;
+    produce_due(&kafka, &t, n, PARTS as u64, |i| base + i * spread_ms / n).await;
+
+    // Kill the instances in turn while records come due, restarting each at once.
+    let mut unclean = 0u64;
+    for round in 0..rounds {
+        tokio::time::sleep(Duration::from_millis(spread_ms / (rounds as u64 + 2))).await;
+        let k = round % 3;
+        drop(live[k].take());
+        unclean += 1;
+        if round % 2 == 0 {
+            std::fs::remove_dir_all(dirs[k].path()).unwrap();
+            std::fs::create_dir(dirs[k].path()).unwrap();
+        }
+        let i = spawn(&kafka, &t, dirs[k].path(), logs.path(), names[k]);
+        wait_ready(i.port, Duration::from_secs(60)).await;
+        live[k] = Some(i);
+    }
+    // A fourth joins; the third leaves cleanly.
+    let d = spawn(&kafka, &t, dirs[3].path(), logs.path(), names[3]);
+    wait_ready(d.port, Duration::from_secs(60)).await;
+    stop_gracefully(live[2].take().unwrap());
+
+    let left = (base + spread_ms).saturating_sub(now_ms());
+    let got = read_all(
+        &kafka,
+        &t,
+        PARTS,
+        n,
+        Duration::from_millis(left) + Duration::from_secs(120),
+    )
+    .await;
+    let result = tally(&got, n);
+    let bound = 64 * unclean;
+    eprintln!(
+        "churn: {n} records over {} s, {unclean} kill -9 (half with the data dir wiped), one \
+         join, one leave: lost {}, early {}, duplicates {} (bound {bound})",
+        spread_ms / 1000,
+        result.lost.len(),
+        result.early,
+        result.duplicates
+    );
+    assert!(
+        result.lost.is_empty() && result.early == 0 && result.duplicates <= bound,
+        "lost {:?}, early {}, duplicates {}\n{}",
+        &result.lost[..result.lost.len().min(20)],
+        result.early,
+        result.duplicates,
+        logs_tail(logs.path())
+    );
+    drop((live, d));
+}
