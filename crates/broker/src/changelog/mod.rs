@@ -119,7 +119,7 @@ impl Changelog {
             .set("linger.ms", "2")
             .set("compression.type", "lz4")
             .set("allow.auto.create.topics", "false")
-            .set("message.timeout.ms", &ACK_WAIT.as_millis().to_string());
+            .set("message.timeout.ms", ACK_WAIT.as_millis().to_string());
         let producer = c.create().map_err(|source| KafkaSetupError::Client {
             client: "changelog producer",
             source,
@@ -258,7 +258,7 @@ mod tests {
             Some(b"id-1"),
             Some(b"k"),
             Some(b"v"),
-            [].into_iter(),
+            [],
         )
     }
 
