@@ -252,14 +252,7 @@ mod tests {
     use super::*;
 
     fn record(due: u64) -> StoredRecord {
-        StoredRecord::new(
-            due,
-            "out",
-            Some(b"id-1"),
-            Some(b"k"),
-            Some(b"v"),
-            [],
-        )
+        StoredRecord::new(due, "out", Some(b"id-1"), Some(b"k"), Some(b"v"), [])
     }
 
     #[test]
