@@ -107,18 +107,7 @@ pub async fn start(
     let (inserts, insert_rx) = mpsc::channel::<Wake>(1_024);
     let store = open_store(&config).await?;
     let metrics = new_metrics(&registry)?;
-    let (handoff, events) = if config.cluster.changelog {
-        let changelog = Changelog::new(&config)?;
-        let (h, events) = Handoff::new(
-            store.clone(),
-            changelog,
-            Arc::new(config.clone()),
-            metrics.clone(),
-        );
-        (Some(h), Some(events))
-    } else {
-        (None, None)
-    };
+    let (handoff, events) = handoff(&config, &store, &metrics)?;
     let shared = Shared {
         store,
         metrics,
@@ -147,27 +136,8 @@ pub async fn start(
     let (due_tx, due_rx) = mpsc::channel(64);
     let (scheduler, mut armed) =
         start_scheduler(&config, &shared, insert_rx, due_tx, stop_rest_rx.clone())?;
-    let (reports, completions) = Reports::new(shared.clock.clone());
-    let publish_producer = publish_producer(&config, reports.clone())?;
-    // Its own producer: dead letters of bad input are acknowledged without waiting behind the
-    // deliveries in flight on the fire side.
-    let ingest_producer = kafka::producer(&config)?;
-    request_producer_ids(
-        &config.topics.dead_letter,
-        producer.clone(),
-        publish_producer.clone(),
-        ingest_producer.clone(),
-    )
-    .await;
-    let publisher = publisher(
-        &config,
-        &shared,
-        &producer,
-        publish_producer,
-        reports,
-        history,
-    );
-    let publisher = tokio::spawn(publisher.run(due_rx, stop_rest_rx, completions));
+    let (ingest_producer, publisher) =
+        start_publishing(&config, &shared, &producer, history, due_rx, stop_rest_rx).await?;
 
     wait_armed(&config, &shared, &mut armed, recovered).await;
     let ingest = start_ingest(
@@ -194,6 +164,51 @@ pub async fn start(
         metrics: shared.metrics,
         health: shared.health,
     })
+}
+
+/// The producers of the fire side and the publisher's task; returns the ingest side's own
+/// producer too (all three get their producer ids at once).
+async fn start_publishing(
+    config: &Config,
+    shared: &Shared,
+    producer: &FutureProducer,
+    history: History,
+    due_rx: mpsc::Receiver<Vec<Due>>,
+    stop: watch::Receiver<bool>,
+) -> Result<(FutureProducer, JoinHandle<()>), StartError> {
+    let (reports, completions) = Reports::new(shared.clock.clone());
+    let publish_producer = publish_producer(config, reports.clone())?;
+    // Its own producer: dead letters of bad input are acknowledged without waiting behind the
+    // deliveries in flight on the fire side.
+    let ingest_producer = kafka::producer(config)?;
+    request_producer_ids(
+        &config.topics.dead_letter,
+        producer.clone(),
+        publish_producer.clone(),
+        ingest_producer.clone(),
+    )
+    .await;
+    let publisher = publisher(config, shared, producer, publish_producer, reports, history);
+    Ok((
+        ingest_producer,
+        tokio::spawn(publisher.run(due_rx, stop, completions)),
+    ))
+}
+
+/// With a changelog: the handoff of partitions between instances, and its events for the task
+/// that restores them.
+fn handoff(
+    config: &Config,
+    store: &Arc<Store>,
+    metrics: &Metrics,
+) -> Result<(Option<Arc<Handoff>>, Option<Events>), StartError> {
+    if !config.cluster.changelog {
+        return Ok((None, None));
+    }
+    let changelog = Changelog::new(config)?;
+    let config = Arc::new(config.clone());
+    let (h, events) = Handoff::new(store.clone(), changelog, config, metrics.clone());
+    Ok((Some(h), Some(events)))
 }
 
 /// Waits until the wheel holds what is due within the horizon, and says so.
