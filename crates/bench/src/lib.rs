@@ -7,6 +7,8 @@
 //!   sweep), then lateness at 70% of that rate with pending records filled in first.
 //! - `bench recovery` (`recovery.rs`): a broker process's start to ready with millions of
 //!   records pending in RocksDB, and its memory, against re-consuming them from Kafka.
+//! - `bench restore` (`restore.rs`): a partition's pending records restored from the changelog
+//!   against re-consuming its source, and ingest with the changelog on and off.
 //! - `bench store-cycle` (`cycle.rs`): the store alone per record on the broker's path.
 //! - `bench head-seek` (`head_seek.rs`): the head of the due index after millions of deletes.
 //! - `bench fill` (`fill.rs`): pending records written straight into a data directory.
@@ -21,6 +23,7 @@ mod harness;
 mod head_seek;
 mod machine;
 mod recovery;
+mod restore;
 
 use std::path::Path;
 
@@ -31,6 +34,7 @@ pub use e2e::{run_e2e, E2eArgs, E2eReport};
 pub use fill::{fill, FillArgs, FillError, Filled};
 pub use head_seek::{head_seek, HeadSeek, HeadSeekArgs};
 pub use recovery::{run_recovery, Recovery, RecoveryArgs};
+pub use restore::{run_restore, Phase, RestoreArgs};
 
 /// Why a benchmark could not run.
 pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
@@ -56,6 +60,9 @@ pub enum BenchCommand {
     Recovery(RecoveryArgs),
     /// The head of the due index after millions of fired records were deleted.
     HeadSeek(HeadSeekArgs),
+    /// A partition's records restored from its changelog against re-consuming its source, and
+    /// ingest with the changelog on and off (Apache Kafka).
+    Restore(RestoreArgs),
     /// The store's cost per record on the broker's path (write, read, delete after delivery)
     /// against plain RocksDB doing the least a durable store does.
     StoreCycle(CycleArgs),
@@ -82,6 +89,10 @@ pub fn run(what: &BenchCommand) -> Result<(), BenchError> {
         }
         BenchCommand::Recovery(args) => {
             runtime()?.block_on(run_recovery(args))?;
+        }
+        BenchCommand::Restore(args) => {
+            let phases = runtime()?.block_on(run_restore(args))?;
+            write_json(&args.json, &phases)?;
         }
         BenchCommand::HeadSeek(args) => {
             let h = head_seek(args)?;
