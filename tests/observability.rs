@@ -341,7 +341,13 @@ async fn the_dashboard_queries_only_exported_metrics_and_promtool_accepts_a_real
 fn compose_and_provisioning_files_parse_and_point_at_files_that_exist() {
     let compose = yaml("compose.yaml");
     let services = compose["services"].as_mapping().expect("services");
-    for name in ["kafka", "kafka-delay", "prometheus", "grafana"] {
+    for name in [
+        "kafka",
+        "kafka-delay-0",
+        "kafka-delay-1",
+        "prometheus",
+        "grafana",
+    ] {
         assert!(services.contains_key(name), "service {name}");
     }
     let kafka = &compose["services"]["kafka"];
@@ -360,11 +366,32 @@ fn compose_and_provisioning_files_parse_and_point_at_files_that_exist() {
         kafka["environment"]["KAFKA_PROCESS_ROLES"], "broker,controller",
         "KRaft"
     );
-    let kd = &compose["services"]["kafka-delay"];
-    assert_eq!(kd["build"], ".");
+    // Two instances of one group, each with its own instance id and volume, the changelog on
+    // (the anchors and merge keys resolved as compose resolves them).
+    let instances: Vec<serde_yaml::Value> = ["kafka-delay-0", "kafka-delay-1"]
+        .iter()
+        .map(|name| {
+            let mut svc = compose["services"][*name].clone();
+            svc.apply_merge().expect("merge keys resolve");
+            svc["environment"]
+                .apply_merge()
+                .expect("merge keys resolve");
+            svc
+        })
+        .collect();
+    for kd in &instances {
+        assert_eq!(kd["build"], ".");
+        assert_eq!(kd["environment"]["KAFKA_DELAY_BROKERS"], "kafka:9092");
+        assert_eq!(kd["environment"]["KAFKA_DELAY_CHANGELOG"], "true");
+    }
     assert!(Path::new(ROOT).join("Dockerfile").is_file());
-    assert_eq!(kd["environment"]["KAFKA_DELAY_BROKERS"], "kafka:9092");
-    let http = kd["environment"]["KAFKA_DELAY_HTTP_ADDR"].as_str().unwrap();
+    let id = |i: usize| instances[i]["environment"]["KAFKA_DELAY_INSTANCE_ID"].clone();
+    assert_ne!(id(0), id(1), "each instance its own --instance-id");
+    let volume = |i: usize| instances[i]["volumes"][0].clone();
+    assert_ne!(volume(0), volume(1), "each instance its own data volume");
+    let http = instances[0]["environment"]["KAFKA_DELAY_HTTP_ADDR"]
+        .as_str()
+        .unwrap();
     let port = http.rsplit(':').next().unwrap();
 
     // Every bind mount of the stack names a file or directory of this repository.
@@ -396,8 +423,15 @@ fn compose_and_provisioning_files_parse_and_point_at_files_that_exist() {
     let prom_file = "grafana/prometheus/prometheus.yml";
     assert_eq!(inside(prom_file), "/etc/prometheus/prometheus.yml");
     let prom = yaml(prom_file);
-    let targets = &prom["scrape_configs"][0]["static_configs"][0]["targets"][0];
-    assert_eq!(targets.as_str().unwrap(), format!("kafka-delay:{port}"));
+    let targets = &prom["scrape_configs"][0]["static_configs"][0]["targets"];
+    assert_eq!(
+        targets,
+        &serde_yaml::to_value([
+            format!("kafka-delay-0:{port}"),
+            format!("kafka-delay-1:{port}")
+        ])
+        .unwrap()
+    );
 
     // Grafana: the data source the dashboard uses, and a provider loading the dashboard's dir.
     let provisioning = inside("grafana/provisioning");

@@ -148,7 +148,8 @@ pub struct ClusterArgs {
     pub no_changelog: bool,
     /// Replication factor of the changelog topics kafka-delay creates; -1 takes the cluster's
     /// default.replication.factor.
-    #[arg(long, env = "KAFKA_DELAY_CHANGELOG_REPLICATION", default_value_t = -1)]
+    #[arg(long, env = "KAFKA_DELAY_CHANGELOG_REPLICATION", default_value_t = -1,
+          allow_negative_numbers = true)]
     pub changelog_replication: i32,
     /// When a partition is revoked, how long its deliveries in flight may take to finish
     /// before it is let go anyway (those records may then fire again on the new owner).

@@ -247,3 +247,30 @@ fn kafka_config_passes_through_and_secrets_are_redacted() {
     assert!(!shown.contains("hunter2"), "{shown}");
     assert!(shown.contains("linger.ms"));
 }
+
+#[test]
+fn the_changelog_is_off_unless_asked_for_and_its_flags_are_checked() {
+    let c = parse(&["--brokers", "k:9092"]).unwrap();
+    assert!(!c.cluster.changelog);
+    assert_eq!(c.cluster.changelog_replication, -1);
+    assert_eq!(c.cluster.handoff_wait, Duration::from_secs(10));
+    let c = parse(&[
+        "--brokers",
+        "k:9092",
+        "--changelog",
+        "--changelog-replication",
+        "3",
+        "--handoff-wait",
+        "2s",
+    ])
+    .unwrap();
+    assert!(c.cluster.changelog);
+    assert_eq!(c.cluster.changelog_replication, 3);
+    assert_eq!(c.cluster.handoff_wait, Duration::from_secs(2));
+    let both = parse(&["--brokers", "k:9092", "--changelog", "--no-changelog"]).unwrap_err();
+    assert!(both.contains("--no-changelog"), "{both}");
+    for bad in ["0", "-2"] {
+        let e = parse(&["--brokers", "k:9092", "--changelog-replication", bad]).unwrap_err();
+        assert!(e.contains("--changelog-replication"), "{e}");
+    }
+}
