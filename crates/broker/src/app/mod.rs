@@ -426,10 +426,14 @@ async fn start_ingest(
     if let (Some(h), Some(events)) = (&handoff, events) {
         let horizon = millis(config.wheel.horizon);
         let (inserts, clock) = (shared.inserts.clone(), shared.clock.clone());
-        tokio::spawn(
-            h.clone()
-                .run(events, consumer.clone(), inserts, horizon, clock),
+        let run = h.clone().run(
+            events,
+            consumer.clone(),
+            inserts,
+            (horizon, clock),
+            stop.clone(),
         );
+        tokio::spawn(run);
     }
     let ingest = Ingest {
         consumer,

@@ -264,15 +264,20 @@ impl Handoff {
         mut events: Events,
         consumer: Arc<StreamConsumer<C>>,
         scheduler: Inserts,
-        horizon_ms: u64,
-        clock: Arc<dyn crate::clock::Clock>,
+        (horizon_ms, clock): (u64, Arc<dyn crate::clock::Clock>),
+        mut stop: tokio::sync::watch::Receiver<bool>,
     ) where
         C: ConsumerContext + 'static,
     {
-        while let Some(event) = events.0.recv().await {
+        loop {
+            let event = tokio::select! {
+                _ = stop.wait_for(|s| *s) => return, // lets go of the consumer, so it can close
+                e = events.0.recv() => e,
+            };
             match event {
-                Event::Revoked(pids) => self.drop_partitions(pids).await,
-                Event::Assigned(parts) => {
+                None => return,
+                Some(Event::Revoked(pids)) => self.drop_partitions(pids).await,
+                Some(Event::Assigned(parts)) => {
                     let until = clock.now_ms().saturating_add(horizon_ms);
                     self.take_over(parts, &consumer, &scheduler, until).await;
                 }

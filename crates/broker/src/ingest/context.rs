@@ -148,6 +148,9 @@ impl ConsumerContext for IngestContext {
             }
             other => {
                 error!(error = ?other, "rebalance error; unassigning");
+                if let (Some(h), Ok(assigned)) = (&self.handoff, consumer.assignment()) {
+                    h.on_revoke(&assigned);
+                }
                 if let Err(e) = consumer.unassign() {
                     error!(error = %e, "unassign after a rebalance error failed");
                 }
