@@ -248,6 +248,10 @@ impl RunArgs {
                 "a replication factor is at least 1, or -1 for the cluster's default",
             ));
         }
+        if c.changelog && self.kafka.embedded_kafka {
+            // librdkafka's mock cluster has no compacted topics and no DescribeConfigs.
+            return Err(ConfigError::Exclusive("--changelog", "--embedded-kafka"));
+        }
         Ok(ClusterConfig {
             changelog: c.changelog && !c.no_changelog,
             changelog_replication: c.changelog_replication,
