@@ -290,11 +290,13 @@ async fn apache_kafka_a_killed_instances_partitions_move_to_the_others_with_thei
 
     // a dies with its disk; b takes its partitions once a's session times out, and c joins.
     drop(a);
+    let killed = std::time::Instant::now();
     std::fs::remove_dir_all(dirs[0].path()).unwrap();
     let c = spawn(&kafka, &t, dirs[2].path(), logs.path(), "c");
     wait_ready(c.port, Duration::from_secs(60)).await;
     wait_shared(&[&b, &c], PARTS as u64, logs.path()).await;
     wait_pending(&[&b, &c], N, logs.path()).await;
+    let takeover = killed.elapsed();
 
     let got = read_all(&kafka, &t, PARTS, N, Duration::from_secs(90)).await;
     let result = tally(&got, N);

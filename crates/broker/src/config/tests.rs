@@ -270,7 +270,10 @@ fn the_changelog_is_off_unless_asked_for_and_its_flags_are_checked() {
     let both = parse(&["--brokers", "k:9092", "--changelog", "--no-changelog"]).unwrap_err();
     assert!(both.contains("--no-changelog"), "{both}");
     let e = parse(&["--embedded-kafka", "--changelog"]).unwrap_err();
-    assert!(e.contains("--changelog") && e.contains("--embedded-kafka"), "{e}");
+    assert!(
+        e.contains("--changelog") && e.contains("--embedded-kafka"),
+        "{e}"
+    );
     for bad in ["0", "-2"] {
         let e = parse(&["--brokers", "k:9092", "--changelog-replication", bad]).unwrap_err();
         assert!(e.contains("--changelog-replication"), "{e}");
