@@ -411,11 +411,14 @@ impl Handoff {
             None => self.committed_or_reset(consumer, part).await,
         };
         let (c, topic, partition) = (consumer.clone(), part.topic.clone(), part.partition);
+        // Resumed even if the seek fails: it then starts at the committed offset, which is
+        // never past the changelog's (offsets are committed after the changelog has a group),
+        // and ingest skips what the changelog already holds.
         let resumed = tokio::task::spawn_blocking(move || {
-            c.seek(&topic, partition, offset, Duration::from_secs(10))?;
+            let sought = c.seek(&topic, partition, offset, Duration::from_secs(10));
             let mut tpl = TopicPartitionList::new();
             tpl.add_partition(&topic, partition);
-            c.resume(&tpl)
+            sought.and(c.resume(&tpl))
         })
         .await;
         info!(topic = %part.topic, partition = part.partition, entries = outcome.entries,
