@@ -171,7 +171,7 @@ async fn phase(
     let mut firing = None;
     let deadline = Instant::now() + Duration::from_secs(1_800);
     while running.store().pending() < records && Instant::now() < deadline {
-        if firing.is_none() && running.metrics().broker.partitions_owned.get() > 0 {
+        if firing.is_none() && running.store().owned_partitions() > 0 {
             firing = Some(started.elapsed());
         }
         tokio::time::sleep(Duration::from_millis(20)).await;

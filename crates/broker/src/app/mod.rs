@@ -451,7 +451,7 @@ async fn start_ingest(
         next_offsets,
         store_healthy: shared.health.store_healthy.clone(),
         dead_letter_topics: ingest::TopicCreator::new(Arc::new(config.clone()), producer),
-        max_group: ingest::max_group(config.store.sync),
+        max_group: ingest::max_group(config.store.sync || config.cluster.changelog),
         stopping: None,
     };
     Ok(tokio::spawn(ingest.run(stop)))

@@ -13,11 +13,12 @@ use crate::metrics::Metrics;
 use crate::store::Store;
 
 /// Most records in one group. A group only fills when the consumer has a backlog. With `sync`
-/// each group costs one fsync, so larger groups mean fewer fsyncs; without it, a large group
+/// each group costs one fsync (with a changelog, one round trip to Kafka), so larger groups
+/// mean fewer of them; without it, a large group
 /// keeps a runtime worker from the publisher for longer and delivery lateness grows
 /// (docs/decisions.md has the figures).
-pub fn max_group(sync: bool) -> usize {
-    if sync {
+pub fn max_group(waits_per_group: bool) -> usize {
+    if waits_per_group {
         2_048
     } else {
         512
