@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::procs::{free_port, wait_ready, Proc, BIN};
+use common::procs::{free_port, spawn_instance, wait_ready, Proc};
 use common::{collect, http_get, metric, now_ms, reader, Got, Kafka, Topics};
 use rdkafka::producer::FutureRecord;
 use tempfile::TempDir;
@@ -27,39 +27,17 @@ fn spawn(kafka: &Kafka, t: &Topics, data: &Path, logs: &Path, name: &str) -> Ins
         .append(true)
         .open(logs.join(format!("{name}.log")))
         .unwrap();
-    let child = Command::new(BIN)
-        .args([
-            "run",
-            "--brokers",
-            &kafka.brokers(),
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--http-addr",
-            &format!("127.0.0.1:{port}"),
-            "--group-id",
-            &format!("g-{}", t.id),
-            "--instance-id",
-            name,
-            "--source-pattern",
-            &t.pattern,
-            "--dead-letter-topic",
-            &t.dlt,
-            "--topic-refresh",
-            "500ms",
-            "--in-flight",
-            "64",
-            "--changelog",
-            "--changelog-replication",
-            "1",
-        ])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("spawn kafka-delay");
-    Instance {
-        _proc: Proc(child),
-        port,
-    }
+    let flags = ["--changelog", "--changelog-replication", "1"];
+    let proc = spawn_instance(
+        &kafka.brokers(),
+        t,
+        (data, port),
+        Some(name),
+        &[],
+        &flags,
+        Stdio::from(log),
+    );
+    Instance { _proc: proc, port }
 }
 
 /// The last lines of every instance's log, for a failure message.
@@ -300,7 +278,10 @@ async fn apache_kafka_a_killed_instances_partitions_move_to_the_others_with_thei
 
     let got = read_all(&kafka, &t, PARTS, N, Duration::from_secs(90)).await;
     let result = tally(&got, N);
-    eprintln!("a killed holding {held_a} of {N}, b held {held_b}; after the handoff: {result:?}");
+    eprintln!(
+        "a killed holding {held_a} of {N}, b held {held_b}; every partition owned and all {N} \
+         pending again {takeover:.1?} after the kill; after the handoff: {result:?}"
+    );
     assert!(
         result.lost.is_empty() && result.duplicates == 0 && result.early == 0,
         "{result:?}\n{}",

@@ -82,15 +82,38 @@ pub(crate) fn spawn_broker_with(
     http_port: u16,
     env: &[(&str, &str)],
 ) -> Proc {
-    let http = format!("127.0.0.1:{http_port}");
     // Extra flags for a run, e.g. KAFKA_DELAY_TEST_FLAGS=--no-static-membership (which then
     // replaces --instance-id).
     let env_flags = std::env::var("KAFKA_DELAY_TEST_FLAGS").unwrap_or_default();
-    let instance = if env_flags.contains("--no-static-membership") {
-        vec![]
-    } else {
-        vec!["--instance-id".to_owned(), format!("i-{}", t.id)]
-    };
+    let instance = (!env_flags.contains("--no-static-membership")).then(|| format!("i-{}", t.id));
+    let flags: Vec<&str> = env_flags.split_whitespace().collect();
+    let (data, out) = (data.path(), Stdio::null());
+    spawn_instance(
+        brokers,
+        t,
+        (data, http_port),
+        instance.as_deref(),
+        env,
+        &flags,
+        out,
+    )
+}
+
+/// A `kafka-delay run` of the test's group and topics on `data` and `http_port`, as member
+/// `instance` (static membership) when given, with `extra` flags; its logs go to `stderr`.
+pub(crate) fn spawn_instance(
+    brokers: &str,
+    t: &Topics,
+    (data, http_port): (&std::path::Path, u16),
+    instance: Option<&str>,
+    env: &[(&str, &str)],
+    extra: &[&str],
+    stderr: Stdio,
+) -> Proc {
+    let http = format!("127.0.0.1:{http_port}");
+    let instance: Vec<&str> = instance
+        .map(|i| vec!["--instance-id", i])
+        .unwrap_or_default();
     let child = Command::new(BIN)
         .envs(env.iter().copied())
         .args([
@@ -98,7 +121,7 @@ pub(crate) fn spawn_broker_with(
             "--brokers",
             brokers,
             "--data-dir",
-            data.path().to_str().unwrap(),
+            data.to_str().unwrap(),
             "--http-addr",
             &http,
             "--group-id",
@@ -113,9 +136,9 @@ pub(crate) fn spawn_broker_with(
             "64",
         ])
         .args(&instance)
-        .args(env_flags.split_whitespace())
+        .args(extra)
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .expect("spawn broker");
     Proc(child)

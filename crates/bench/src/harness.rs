@@ -116,6 +116,18 @@ impl Kafka {
         size: usize,
         target: Option<&str>,
     ) -> Result<(), BenchError> {
+        self.fill_topic_due(topic, n, size, target, "0").await
+    }
+
+    /// [`Kafka::fill_topic`], each record due `after` (a `delay-after` value) once produced.
+    pub(super) async fn fill_topic_due(
+        &self,
+        topic: &str,
+        n: u64,
+        size: usize,
+        target: Option<&str>,
+        after: &str,
+    ) -> Result<(), BenchError> {
         let p = self.producer(5)?;
         let value = vec![b'v'; size];
         let mut acks = Vec::new();
@@ -131,7 +143,7 @@ impl Kafka {
                         })
                         .insert(Header {
                             key: "delay-after",
-                            value: Some("0"),
+                            value: Some(after),
                         }),
                 );
             }

@@ -14,8 +14,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prometheus::Registry;
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::FutureRecord;
 use serde::Serialize;
 
 use super::harness::{config, Kafka};
@@ -70,7 +68,9 @@ pub async fn run_restore(args: &RestoreArgs) -> Result<Vec<Phase>, BenchError> {
     kafka.create(&source, &producer, &probe).await;
     kafka.create(&target, &producer, &probe).await;
     kafka.create("bench.dlt", &producer, &probe).await;
-    fill(&kafka, &source, &target, args).await?;
+    kafka
+        .fill_topic_due(&source, args.records, args.value_bytes, Some(&target), "1h")
+        .await?;
     let pattern = format!("^{}$", source.replace('.', "\\."));
     let (group_a, group_b) = (format!("g-{}-a", kafka.run), format!("g-{}-b", kafka.run));
     let mut phases = Vec::new();
@@ -106,55 +106,6 @@ pub async fn run_restore(args: &RestoreArgs) -> Result<Vec<Phase>, BenchError> {
         );
     }
     Ok(phases)
-}
-
-/// Produces the records, due an hour from now, to the source's one partition.
-async fn fill(
-    kafka: &Kafka,
-    source: &str,
-    target: &str,
-    args: &RestoreArgs,
-) -> Result<(), BenchError> {
-    let p = kafka.producer(20)?;
-    let value = vec![b'v'; args.value_bytes];
-    let mut acks = Vec::new();
-    for i in 0..args.records {
-        let key = format!("k{i}");
-        let headers = OwnedHeaders::new()
-            .insert(Header {
-                key: "delay-target",
-                value: Some(target),
-            })
-            .insert(Header {
-                key: "delay-after",
-                value: Some("1h"),
-            });
-        let mut rec = FutureRecord::to(source)
-            .key(&key)
-            .payload(&value)
-            .headers(headers);
-        loop {
-            match p.send_result(rec) {
-                Ok(f) => {
-                    acks.push(f);
-                    break;
-                }
-                Err((_, back)) => {
-                    rec = back;
-                    tokio::time::sleep(Duration::from_millis(5)).await;
-                }
-            }
-        }
-        if acks.len() >= 100_000 {
-            for a in acks.drain(..) {
-                let _ = a.await;
-            }
-        }
-    }
-    for a in acks {
-        let _ = a.await;
-    }
-    Ok(())
 }
 
 async fn phase(
