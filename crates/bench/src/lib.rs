@@ -9,6 +9,7 @@
 //!   records pending in RocksDB, and its memory, against re-consuming them from Kafka.
 //! - `bench restore` (`restore.rs`): a partition's pending records restored from the changelog
 //!   against re-consuming its source, and ingest with the changelog on and off.
+//! - `bench instances` (`instances.rs`): 1, 2 and 3 broker processes of one group.
 //! - `bench store-cycle` (`cycle.rs`): the store alone per record on the broker's path.
 //! - `bench head-seek` (`head_seek.rs`): the head of the due index after millions of deletes.
 //! - `bench fill` (`fill.rs`): pending records written straight into a data directory.
@@ -21,6 +22,7 @@ mod e2e;
 mod fill;
 mod harness;
 mod head_seek;
+mod instances;
 mod machine;
 mod recovery;
 mod restore;
@@ -33,6 +35,7 @@ pub use cycle::{store_cycle, Cycle, CycleArgs, Phases};
 pub use e2e::{run_e2e, E2eArgs, E2eReport};
 pub use fill::{fill, FillArgs, FillError, Filled};
 pub use head_seek::{head_seek, HeadSeek, HeadSeekArgs};
+pub use instances::{run_instances, InstancesArgs, Run};
 pub use recovery::{run_recovery, Recovery, RecoveryArgs};
 pub use restore::{run_restore, Phase, RestoreArgs};
 
@@ -63,6 +66,9 @@ pub enum BenchCommand {
     /// A partition's records restored from its changelog against re-consuming its source, and
     /// ingest with the changelog on and off (Apache Kafka).
     Restore(RestoreArgs),
+    /// 1, 2 and 3 broker processes of one group (`--changelog`) on the same Kafka: records due
+    /// at once through the group.
+    Instances(InstancesArgs),
     /// The store's cost per record on the broker's path (write, read, delete after delivery)
     /// against plain RocksDB doing the least a durable store does.
     StoreCycle(CycleArgs),
@@ -89,6 +95,10 @@ pub fn run(what: &BenchCommand) -> Result<(), BenchError> {
         }
         BenchCommand::Recovery(args) => {
             runtime()?.block_on(run_recovery(args))?;
+        }
+        BenchCommand::Instances(args) => {
+            let runs = runtime()?.block_on(run_instances(args))?;
+            write_json(&args.json, &runs)?;
         }
         BenchCommand::Restore(args) => {
             let phases = runtime()?.block_on(run_restore(args))?;

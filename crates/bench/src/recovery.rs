@@ -247,7 +247,7 @@ async fn reconsume(kafka: &Kafka, i: usize, count: u64) -> Result<(Duration, i32
 }
 
 /// A broker running as a process of its own; killed when dropped.
-struct Broker {
+pub(super) struct Broker {
     child: Child,
     http: SocketAddr,
     log: PathBuf,
@@ -266,15 +266,28 @@ impl Broker {
     ) -> Result<Self, BenchError> {
         let group = format!("bench-recovery-{run}");
         let pattern = format!("^delay\\.bench\\.recovery\\.{}$", run.replace('-', "_"));
+        let flags = ["--horizon", horizon, "--no-static-membership"];
+        Self::spawn(brokers, data_dir, logs, (&group, &pattern), &flags)
+    }
+
+    /// Spawns `kafka-delay run` of `group` consuming `pattern` on `data_dir` with `flags`,
+    /// logging JSON to a file in `logs`.
+    pub(super) fn spawn(
+        brokers: &str,
+        data_dir: &Path,
+        logs: &Path,
+        (group, pattern): (&str, &str),
+        flags: &[&str],
+    ) -> Result<Self, BenchError> {
         let http = SocketAddr::from(([127, 0, 0, 1], free_port()?));
         let log = logs.join(format!("broker-{}.log", http.port()));
         let out = std::fs::File::create(&log)?;
         let child = Command::new(broker_binary()?)
             .args(["run", "--brokers", brokers, "--data-dir"])
             .arg(data_dir)
-            .args(["--http-addr", &http.to_string(), "--horizon", horizon])
-            .args(["--log-format", "json", "--no-static-membership"])
-            .args(["--group-id", &group, "--source-pattern", &pattern])
+            .args(["--http-addr", &http.to_string(), "--log-format", "json"])
+            .args(["--group-id", group, "--source-pattern", pattern])
+            .args(flags)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(out)
@@ -282,8 +295,16 @@ impl Broker {
         Ok(Self { child, http, log })
     }
 
+    /// A gauge of the broker's `/metrics` (0 when it does not answer).
+    pub(super) fn gauge(&self, name: &str) -> u64 {
+        http_get(self.http, "/metrics")
+            .ok()
+            .and_then(|(_, body)| gauge(&body, name))
+            .unwrap_or(0)
+    }
+
     /// Waits for `/readyz` 200, polling every 5 ms.
-    async fn ready(&self, within: Duration) -> Result<(), BenchError> {
+    pub(super) async fn ready(&self, within: Duration) -> Result<(), BenchError> {
         let deadline = Instant::now() + within;
         loop {
             if let Ok((200, _)) = http_get(self.http, "/readyz") {
