@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::procs::{free_port, spawn_instance, wait_ready, Proc};
-use common::{collect, http_get, metric, now_ms, reader, Got, Kafka, Topics};
+use common::{collect, http_get, http_json, metric, now_ms, reader, Got, Kafka, Topics};
 use rdkafka::producer::FutureRecord;
 use tempfile::TempDir;
 
@@ -260,6 +260,32 @@ async fn apache_kafka_a_killed_instances_partitions_move_to_the_others_with_thei
     produce_due(&kafka, &t, N, PARTS as u64, |i| base + i * 10).await;
     wait_pending(&[&a, &b], N, logs.path()).await;
     let (held_a, held_b) = (pending(&a).await, pending(&b).await);
+    // Any instance names every partition's owner and where its HTTP server is.
+    let addr = |i: &Instance| format!("127.0.0.1:{}", i.port);
+    let b_http = std::net::SocketAddr::from(([127, 0, 0, 1], b.port));
+    let (status, owners) = http_json(b_http, "GET", "/api/v1/owners", None, None).await;
+    assert_eq!(status, 200, "{owners}");
+    assert_eq!(owners["this"], addr(&b));
+    let mut seen: Vec<(String, usize)> = owners["owners"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| {
+            let http = o["http"].as_str().unwrap_or_default().to_owned();
+            (http, o["partitions"].as_array().map_or(0, Vec::len))
+        })
+        .collect();
+    seen.sort();
+    let mut want = vec![addr(&a), addr(&b)];
+    want.sort();
+    let names: Vec<String> = seen.iter().map(|(h, _)| h.clone()).collect();
+    assert_eq!(names, want, "{owners}");
+    assert!(seen.iter().all(|(_, n)| *n > 0), "{owners}");
+    assert_eq!(
+        seen.iter().map(|(_, n)| n).sum::<usize>(),
+        PARTS as usize,
+        "{owners}"
+    );
     assert!(
         held_a > 0 && held_b > 0,
         "both instances hold partitions: a {held_a}, b {held_b}\n{}",

@@ -28,7 +28,7 @@ use tracing::info;
 
 use bulk::{bulk_cancel, bulk_fire, bulk_reschedule};
 pub(crate) use records::text;
-use records::{cancel, fire, list, reschedule, show};
+use records::{cancel, fire, list, owners, reschedule, show};
 
 use crate::clock::Clock;
 use crate::metrics::Metrics;
@@ -36,7 +36,8 @@ use crate::scheduler::{Inserts, Wake};
 use crate::store::{RecordId, Store};
 
 /// Routes of the API, as (method, path) in the OpenAPI document's notation.
-pub const ROUTES: [(&str, &str); 8] = [
+pub const ROUTES: [(&str, &str); 9] = [
+    ("get", "/api/v1/owners"),
     ("get", "/api/v1/pending"),
     ("get", "/api/v1/pending/{id}"),
     ("delete", "/api/v1/pending/{id}"),
@@ -122,6 +123,7 @@ pub(crate) fn internal(e: impl std::fmt::Display) -> ApiError {
 /// The API's routes, to merge into the HTTP server's router.
 pub fn router(admin: Admin) -> Router {
     Router::new()
+        .route("/api/v1/owners", get(owners))
         .route("/api/v1/pending", get(list))
         .route("/api/v1/pending/{id}", get(show).delete(cancel))
         .route("/api/v1/pending/{id}/reschedule", post(reschedule))

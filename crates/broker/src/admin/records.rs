@@ -165,6 +165,24 @@ pub(super) async fn list(
     Ok(Json(json!({ "records": records, "next_cursor": next })))
 }
 
+/// Which instance of the group owns which source partition, and where its HTTP server is:
+/// with a changelog, each instance holds (and answers for) only the partitions it owns.
+pub(super) async fn owners(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
+    a.authorize(&headers)?;
+    let Some(h) = a.handoff.clone() else {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            "without --changelog every record of the group is on the one instance it runs".into(),
+        ));
+    };
+    let this = h.advertised().map(str::to_owned);
+    let owners = tokio::task::spawn_blocking(move || h.owners())
+        .await
+        .map_err(internal)?
+        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e))?;
+    Ok(Json(json!({ "this": this, "owners": owners })))
+}
+
 pub(super) async fn show(
     State(a): State<Admin>,
     headers: HeaderMap,
@@ -174,10 +192,7 @@ pub(super) async fn show(
     let rid = parse_id(&id)?;
     match a.store.get(&[rid]).map_err(internal)?.pop().flatten() {
         Some(rec) => Ok(Json(detail(&a.store, rid, &rec))),
-        None => Err(ApiError(
-            StatusCode::NOT_FOUND,
-            format!("no pending record {id}"),
-        )),
+        None => Err(not_here(&a, &id)),
     }
 }
 
@@ -194,12 +209,23 @@ pub(super) async fn cancel(
                     "cancelled": summary(&a.store, rid, rec.due_ms(), rec.target())
                 }))
             }),
-            None => Err(ApiError(
-                StatusCode::NOT_FOUND,
-                format!("no pending record {id}"),
-            )),
+            None => Err(not_here(&a, &id)),
         }
     })
+}
+
+/// A record not pending here: with a changelog it may be another instance's.
+fn not_here(a: &Admin, id: &str) -> ApiError {
+    let hint = if a.handoff.is_some() {
+        " on this instance (record ids are per instance, and each holds only the partitions it \
+         owns: GET /api/v1/owners names every instance and its partitions)"
+    } else {
+        ""
+    };
+    ApiError(
+        StatusCode::NOT_FOUND,
+        format!("no pending record {id}{hint}"),
+    )
 }
 
 /// A new due time: absolute (`due`: epoch ms or RFC 3339) or relative to now (`delay`).
@@ -253,10 +279,7 @@ pub(super) fn move_one(a: &Admin, id: &str, due: u64) -> ApiResult {
                 "previous_due_ms": previous,
             })))
         }
-        None => Err(ApiError(
-            StatusCode::NOT_FOUND,
-            format!("no pending record {id}"),
-        )),
+        None => Err(not_here(a, id)),
     }
 }
 

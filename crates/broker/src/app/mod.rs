@@ -125,6 +125,9 @@ pub async fn start(
         stop_rest_rx.clone(),
     )
     .await?;
+    if let Some(h) = &shared.handoff {
+        h.set_advertised(http_addr);
+    }
     info!(%http_addr, data_dir = %config.store.data_dir.display(), brokers = %config.kafka.brokers,
           kafka_config = ?config.kafka.properties, "kafka-delay starting");
 

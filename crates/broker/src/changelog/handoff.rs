@@ -58,6 +58,8 @@ pub struct Handoff {
     owed: AtomicUsize,
     resumes: Resumes,
     metrics: Metrics,
+    /// Where this instance's HTTP server is reached, once it listens.
+    advertised: std::sync::OnceLock<String>,
 }
 
 /// The receiving end of [`Handoff`]'s events, for [`Handoff::run`].
@@ -85,6 +87,7 @@ impl Handoff {
             owed: AtomicUsize::new(0),
             resumes: Arc::default(),
             metrics,
+            advertised: std::sync::OnceLock::new(),
         };
         (Arc::new(h), Events(rx))
     }
@@ -92,6 +95,38 @@ impl Handoff {
     /// Where ingest resumes the partitions handed over.
     pub fn resumes(&self) -> Resumes {
         self.resumes.clone()
+    }
+
+    /// Records where this instance's HTTP server is reached: `--advertised-http-addr`, else
+    /// the address it listens on (this host's name for every interface).
+    pub fn set_advertised(&self, bound: std::net::SocketAddr) {
+        let addr = self.config.http.advertised.clone().unwrap_or_else(|| {
+            if bound.ip().is_unspecified() {
+                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_owned())
+                    .unwrap_or_else(|_| "localhost".into());
+                format!("{host}:{}", bound.port())
+            } else {
+                bound.to_string()
+            }
+        });
+        let _ = self.advertised.set(addr);
+    }
+
+    /// Where this instance's HTTP server is reached (after [`Handoff::set_advertised`]).
+    pub fn advertised(&self) -> Option<&str> {
+        self.advertised.get().map(String::as_str)
+    }
+
+    /// Every member of the group with its HTTP address and partitions (blocking).
+    ///
+    /// # Errors
+    /// The group coordinator did not answer.
+    pub fn owners(&self) -> Result<Vec<super::owners::Owner>, String> {
+        super::owners::owners(
+            rdkafka::producer::Producer::client(self.changelog.producer()),
+            &self.config.kafka.group_id,
+        )
     }
 
     /// The changelog.

@@ -248,6 +248,11 @@ pub struct HttpArgs {
     /// answers only when --http-addr is a loopback address.
     #[arg(long, env = "KAFKA_DELAY_ADMIN_TOKEN")]
     pub admin_token: Option<String>,
+    /// The address other instances and operators reach this one's HTTP server at (HOST:PORT),
+    /// shown by /api/v1/owners of every instance of the group. Default: --http-addr as bound
+    /// (its port, and this host's name when it listens on every interface).
+    #[arg(long, env = "KAFKA_DELAY_ADVERTISED_HTTP_ADDR")]
+    pub advertised_http_addr: Option<String>,
     /// Log format.
     #[arg(long, env = "KAFKA_DELAY_LOG_FORMAT", value_enum, default_value_t = LogFormat::Plain)]
     pub log_format: LogFormat,

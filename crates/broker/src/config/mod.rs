@@ -150,6 +150,8 @@ pub struct HttpConfig {
     pub addr: SocketAddr,
     /// Admin API bearer token (its `Debug` is redacted).
     pub admin_token: Option<Secret>,
+    /// `--advertised-http-addr`, when given.
+    pub advertised: Option<String>,
 }
 
 /// A secret string whose `Debug` never shows it.

@@ -303,6 +303,7 @@ impl RunArgs {
         Ok(HttpConfig {
             addr: self.http.http_addr,
             admin_token,
+            advertised: self.http.advertised_http_addr.clone(),
         })
     }
 }

@@ -84,7 +84,15 @@ pub fn consumer(
     metrics: Metrics,
     handoff: Option<Arc<Handoff>>,
 ) -> Result<StreamConsumer<IngestContext>, KafkaSetupError> {
-    let c = consumer_config(config);
+    let mut c = consumer_config(config);
+    // The group coordinator shows every member's client.id: with a changelog it carries where
+    // this instance's HTTP server is, so any instance can name a partition's owner.
+    if let Some(addr) = handoff.as_ref().and_then(|h| h.advertised()) {
+        c.set(
+            "client.id",
+            format!("{}{addr}", crate::changelog::owners::CLIENT_ID_PREFIX),
+        );
+    }
     let consumer: StreamConsumer<IngestContext> = c
         .create_with_context(IngestContext {
             store,

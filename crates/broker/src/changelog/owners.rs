@@ -1,0 +1,115 @@
+//! Who owns which source partition, as the group coordinator says: every member of the group,
+//! its advertised HTTP address (carried in its ingest consumer's `client.id`) and its
+//! partitions. Any instance can answer it, so the admin API can point at a record's owner.
+
+use std::time::Duration;
+
+use rdkafka::client::{Client, ClientContext};
+use serde::Serialize;
+
+/// The `client.id` prefix of an ingest consumer with a changelog; the advertised HTTP address
+/// follows it.
+pub const CLIENT_ID_PREFIX: &str = "kafka-delay@";
+
+/// One member of the group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Owner {
+    /// Its HTTP address, as it advertises it (`None` for a member that is not kafka-delay).
+    pub http: Option<String>,
+    /// Its `client.id`.
+    pub client_id: String,
+    /// The host the coordinator sees it connect from.
+    pub host: String,
+    /// Its source partitions, sorted.
+    pub partitions: Vec<(String, i32)>,
+}
+
+/// The members of `group` and their partitions. Blocking.
+///
+/// # Errors
+/// The coordinator did not answer, or an assignment could not be read.
+pub fn owners<C: ClientContext>(client: &Client<C>, group: &str) -> Result<Vec<Owner>, String> {
+    let list = client
+        .fetch_group_list(Some(group), Duration::from_secs(10))
+        .map_err(|e| format!("cannot describe group {group}: {e}"))?;
+    let mut out = Vec::new();
+    for g in list.groups().iter().filter(|g| g.name() == group) {
+        for m in g.members() {
+            let mut partitions = m
+                .assignment()
+                .map(assignment)
+                .transpose()?
+                .unwrap_or_default();
+            partitions.sort();
+            out.push(Owner {
+                http: m
+                    .client_id()
+                    .strip_prefix(CLIENT_ID_PREFIX)
+                    .map(str::to_owned),
+                client_id: m.client_id().to_owned(),
+                host: m.client_host().to_owned(),
+                partitions,
+            });
+        }
+    }
+    out.sort_by(|a, b| a.client_id.cmp(&b.client_id));
+    Ok(out)
+}
+
+/// The partitions of a consumer protocol assignment: a version (int16), then an array (int32
+/// count) of topic (int16 length, bytes) and its partitions (int32 count, int32 each), then
+/// user data, which is ignored.
+fn assignment(bytes: &[u8]) -> Result<Vec<(String, i32)>, String> {
+    let bad = || format!("unreadable assignment of {} bytes", bytes.len());
+    let mut r = Reader(bytes);
+    r.take(2).ok_or_else(bad)?;
+    let mut out = Vec::new();
+    for _ in 0..r.i32().ok_or_else(bad)?.max(0) {
+        let len = usize::try_from(r.i16().ok_or_else(bad)?).map_err(|_| bad())?;
+        let topic = String::from_utf8(r.take(len).ok_or_else(bad)?.to_vec()).map_err(|_| bad())?;
+        for _ in 0..r.i32().ok_or_else(bad)?.max(0) {
+            out.push((topic.clone(), r.i32().ok_or_else(bad)?));
+        }
+    }
+    Ok(out)
+}
+
+struct Reader<'a>(&'a [u8]);
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
+        (self.0.len() >= n).then(|| {
+            let (head, rest) = self.0.split_at(n);
+            self.0 = rest;
+            head
+        })
+    }
+
+    fn i16(&mut self) -> Option<i16> {
+        Some(i16::from_be_bytes(self.take(2)?.try_into().ok()?))
+    }
+
+    fn i32(&mut self) -> Option<i32> {
+        Some(i32::from_be_bytes(self.take(4)?.try_into().ok()?))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_assignment_reads_as_its_topics_and_partitions() {
+        // Version 1; two topics: "a" with partitions 0 and 3, "bc" with 7; user data 0xff.
+        let mut b = vec![0, 1, 0, 0, 0, 2];
+        b.extend([0, 1, b'a', 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, 3]);
+        b.extend([0, 2, b'b', b'c', 0, 0, 0, 1, 0, 0, 0, 7]);
+        b.extend([0, 0, 0, 1, 0xff]);
+        assert_eq!(
+            assignment(&b),
+            Ok(vec![("a".into(), 0), ("a".into(), 3), ("bc".into(), 7)])
+        );
+        assert!(assignment(&b[..9]).is_err());
+        assert_eq!(assignment(&[0, 1, 0, 0, 0, 0]), Ok(vec![]));
+    }
+}
