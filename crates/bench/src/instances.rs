@@ -1,6 +1,7 @@
 //! `kafka-delay-bench instances`: 1, 2 and 3 broker processes of one group (`--changelog`)
-//! sharing twelve partitions on the same Kafka, each count in a run of its own: records due at
-//! once through the group, from the first produced to the last one on the target.
+//! sharing twelve partitions on the same Kafka, each count in a run of its own: records
+//! produced due 20 s later (ingested meanwhile), timed from the first due time to the last
+//! record on the target: firing through the group.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
@@ -18,8 +19,8 @@ pub struct InstancesArgs {
     /// Apache Kafka's bootstrap servers.
     #[arg(long)]
     pub brokers: String,
-    /// Records per run, due as soon as they are produced.
-    #[arg(long, default_value_t = 300_000)]
+    /// Records per run, each due 20 s after it is produced.
+    #[arg(long, default_value_t = 600_000)]
     pub records: u64,
     /// Instance counts to run, in order.
     #[arg(long, value_delimiter = ',', default_value = "1,2,3,1")]
@@ -34,13 +35,15 @@ pub struct InstancesArgs {
 pub struct Run {
     /// Broker processes in the group.
     pub instances: usize,
-    /// Seconds from the first record produced to the last on the target.
+    /// Seconds from the first due time to the last record on the target.
     pub seconds: f64,
     /// Records per second through the group.
     pub records_per_s: f64,
 }
 
 const PARTITIONS: i32 = 12;
+/// How long after it is produced each record is due.
+const LEAD: Duration = Duration::from_secs(20);
 
 /// Runs each count and prints the table.
 ///
@@ -57,7 +60,7 @@ pub async fn run_instances(args: &InstancesArgs) -> Result<Vec<Run>, BenchError>
             format!("bench.inst.out.{name}"),
         );
         let probe = config(&args.brokers, work.path(), &[])?;
-        let producer = kafka.producer(5)?;
+        let producer = kafka_delay::kafka::producer(&probe)?;
         for t in [&source, &target, &"bench.dlt".to_owned()] {
             kafka.create(t, &producer, &probe).await;
         }

@@ -64,7 +64,7 @@ pub async fn run_restore(args: &RestoreArgs) -> Result<Vec<Phase>, BenchError> {
     let target = format!("bench-restore-out-{}", kafka.run);
     let dir = tempfile::TempDir::new()?;
     let probe = config(&args.brokers, dir.path(), &[])?;
-    let producer = kafka.producer(5)?;
+    let producer = kafka_delay::kafka::producer(&probe)?;
     kafka.create(&source, &producer, &probe).await;
     kafka.create(&target, &producer, &probe).await;
     kafka.create("bench.dlt", &producer, &probe).await;
