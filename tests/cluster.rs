@@ -409,3 +409,34 @@ async fn apache_kafka_churn_with_kill_9_wiped_disks_a_join_and_a_leave_loses_not
     );
     drop((live, d));
 }
+
+/// A changelog topic that cannot hold the pending state stops the start with a message that
+/// says what to fix: too few partitions, then a cleanup policy that deletes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_misconfigured_changelog_stops_the_start_saying_what_to_fix() {
+    let kafka = Kafka::start();
+    let logs = TempDir::new().unwrap();
+    for (partitions, says) in [(1, "has 1 partitions but"), (2, "cleanup.policy=delete")] {
+        let t = topics(&kafka, 2).await;
+        let changelog = format!("g-{}-{}-changelog", t.id, t.delay);
+        kafka.create_topic(&changelog, partitions).await;
+        let data = TempDir::new().unwrap();
+        let mut i = spawn(&kafka, &t, data.path(), logs.path(), "a");
+        let deadline = std::time::Instant::now() + Duration::from_secs(60);
+        let status = loop {
+            if let Some(s) = i._proc.0.try_wait().unwrap() {
+                break s;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "still running with a changelog of {partitions} partitions\n{}",
+                logs_tail(logs.path())
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        let log = std::fs::read_to_string(logs.path().join("a.log")).unwrap();
+        assert!(!status.success());
+        assert!(log.contains(says) && log.contains(&changelog), "{log}");
+        std::fs::remove_file(logs.path().join("a.log")).unwrap();
+    }
+}

@@ -56,6 +56,9 @@ pub enum StartError {
     /// Metrics registration.
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
+    /// A changelog topic that cannot hold the pending state.
+    #[error(transparent)]
+    Changelog(#[from] crate::changelog::topics::TopicError),
 }
 
 /// Has each idempotent producer get its id now (blocking requests, the three at once), so that
@@ -133,6 +136,7 @@ pub async fn start(
 
     let producer = kafka::producer(&config)?;
     kafka::ensure_dead_letter_topic(&config, &producer).await?;
+    check_changelogs(&config).await?;
     // The counts by target and due time were restored when the store was opened; the wheel
     // reads what is due within the horizon and reports itself armed.
     let recovered = shared.store.pending();
@@ -196,6 +200,22 @@ async fn start_publishing(
         ingest_producer,
         tokio::spawn(publisher.run(due_rx, stop, completions)),
     ))
+}
+
+/// With a changelog: creates the missing changelog topics of the source topics there are, and
+/// refuses to start on one that is misconfigured.
+async fn check_changelogs(config: &Config) -> Result<(), StartError> {
+    if !config.cluster.changelog {
+        return Ok(());
+    }
+    let c = config.clone();
+    let checked = tokio::task::spawn_blocking(move || {
+        crate::changelog::topics::ensure_all(&c, c.cluster.changelog_replication)
+    })
+    .await
+    .expect("changelog check task")?;
+    info!(source_topics = checked, "changelog topics checked");
+    Ok(())
 }
 
 /// With a changelog: the handoff of partitions between instances, and its events for the task

@@ -115,6 +115,42 @@ pub fn ensure(
     Ok(())
 }
 
+/// At start: [`ensure`] for every existing source topic (those `--source-pattern` matches,
+/// but not the changelog topics themselves), so that a misconfigured changelog stops the
+/// start with a message that says how to fix it. Blocking; returns how many were checked.
+///
+/// # Errors
+/// The first [`TopicError`].
+pub fn ensure_all(config: &Config, replication: i32) -> Result<usize, TopicError> {
+    let client: rdkafka::consumer::BaseConsumer = base_config(config)
+        .set("allow.auto.create.topics", "false")
+        .create()
+        .map_err(|e| TopicError::Kafka {
+            topic: "(all)".into(),
+            detail: e.to_string(),
+        })?;
+    let md = rdkafka::consumer::Consumer::fetch_metadata(&client, None, Duration::from_secs(10))
+        .map_err(|e| TopicError::Kafka {
+            topic: "(all)".into(),
+            detail: format!("cannot list topics: {e}"),
+        })?;
+    let group = &config.kafka.group_id;
+    let mut checked = 0;
+    for t in md.topics() {
+        let name = t.name();
+        let is_changelog = name
+            .strip_prefix(group.as_str())
+            .is_some_and(|r| r.starts_with('-') && r.ends_with("-changelog"));
+        if is_changelog || name.starts_with("__") || !config.contract.source_pattern.is_match(name)
+        {
+            continue;
+        }
+        ensure(config, name, &super::topic_name(group, name), replication)?;
+        checked += 1;
+    }
+    Ok(checked)
+}
+
 /// The partitions of a topic just created, once its metadata shows them.
 fn wait_for_partitions(
     admin: &AdminClient<DefaultClientContext>,
