@@ -82,12 +82,16 @@ pub async fn run_instances(args: &InstancesArgs) -> Result<Vec<Run>, BenchError>
             brokers.push(b);
         }
         wait_shared(&brokers).await?;
-        let started = Instant::now();
+        let first_due = Instant::now() + LEAD;
+        let after = format!("{}s", LEAD.as_secs());
         kafka
-            .fill_topic(&source, args.records, 100, Some(&target))
+            .fill_topic_due(&source, args.records, 100, Some(&target), &after)
             .await?;
+        if Instant::now() > first_due {
+            return Err("producing took longer than the lead; give fewer --records".into());
+        }
         wait_delivered(&args.brokers, &target, args.records).await?;
-        let seconds = started.elapsed().as_secs_f64();
+        let seconds = first_due.elapsed().as_secs_f64();
         drop(brokers);
         runs.push(Run {
             instances: n,
