@@ -22,11 +22,11 @@ use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
 use super::restore::{self, Outcome, Part};
-use super::{topics, Changelog, Entry};
+use super::{topics, Changelog};
 use crate::config::{millis, Config};
 use crate::metrics::Metrics;
 use crate::scheduler::{Inserts, Wake};
-use crate::store::{Pid, RecordId, Store, StoredRecord};
+use crate::store::{Pid, Store};
 
 /// Where ingest resumes each partition it was handed: set before the partition is resumed,
 /// taken by ingest before its next group.
@@ -42,9 +42,9 @@ enum Event {
 /// Shared by the rebalance callback and the task that restores partitions.
 #[derive(Debug)]
 pub struct Handoff {
-    store: Arc<Store>,
-    changelog: Changelog,
-    config: Arc<Config>,
+    pub(super) store: Arc<Store>,
+    pub(super) changelog: Changelog,
+    pub(super) config: Arc<Config>,
     events: mpsc::UnboundedSender<Event>,
     /// The partitions being restored, and the flag that stops each.
     restoring: Mutex<HashMap<Pid, Arc<AtomicBool>>>,
@@ -59,7 +59,7 @@ pub struct Handoff {
     resumes: Resumes,
     metrics: Metrics,
     /// Where this instance's HTTP server is reached, once it listens.
-    advertised: std::sync::OnceLock<String>,
+    pub(super) advertised: std::sync::OnceLock<String>,
 }
 
 /// The receiving end of [`Handoff`]'s events, for [`Handoff::run`].
@@ -97,38 +97,6 @@ impl Handoff {
         self.resumes.clone()
     }
 
-    /// Records where this instance's HTTP server is reached: `--advertised-http-addr`, else
-    /// the address it listens on (this host's name for every interface).
-    pub fn set_advertised(&self, bound: std::net::SocketAddr) {
-        let addr = self.config.http.advertised.clone().unwrap_or_else(|| {
-            if bound.ip().is_unspecified() {
-                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-                    .map(|h| h.trim().to_owned())
-                    .unwrap_or_else(|_| "localhost".into());
-                format!("{host}:{}", bound.port())
-            } else {
-                bound.to_string()
-            }
-        });
-        let _ = self.advertised.set(addr);
-    }
-
-    /// Where this instance's HTTP server is reached (after [`Handoff::set_advertised`]).
-    pub fn advertised(&self) -> Option<&str> {
-        self.advertised.get().map(String::as_str)
-    }
-
-    /// Every member of the group with its HTTP address and partitions (blocking).
-    ///
-    /// # Errors
-    /// The group coordinator did not answer.
-    pub fn owners(&self) -> Result<Vec<super::owners::Owner>, String> {
-        super::owners::owners(
-            rdkafka::producer::Producer::client(self.changelog.producer()),
-            &self.config.kafka.group_id,
-        )
-    }
-
     /// The changelog.
     pub fn changelog(&self) -> &Changelog {
         &self.changelog
@@ -148,42 +116,6 @@ impl Handoff {
     /// See [`Handoff::owe`].
     pub fn paid(&self) {
         self.owed.fetch_sub(1, Ordering::AcqRel);
-    }
-
-    /// Writes operators' changes to the changelog and waits for them (blocking; called after
-    /// the store made them): a record moved (`Some`, as it is now) or cancelled (`None`).
-    ///
-    /// # Errors
-    /// What Kafka refused; the change stands here but a restore elsewhere would not see it.
-    pub fn write_now(&self, changes: &[(RecordId, Option<StoredRecord>)]) -> Result<(), String> {
-        let mut by_pid: HashMap<Pid, Vec<Entry<'_>>> = HashMap::new();
-        for (rid, rec) in changes {
-            let e = match rec {
-                Some(r) => Entry::Record(rid.offset(), r),
-                None => Entry::Gone(rid.offset()),
-            };
-            by_pid.entry(rid.pid()).or_default().push(e);
-        }
-        let write = async {
-            for (pid, entries) in &by_pid {
-                let Some((topic, partition)) = self.store.partition_of(*pid) else {
-                    continue;
-                };
-                self.changelog
-                    .write(&topic, partition, entries)
-                    .await
-                    .map_err(|e| format!("changelog {topic}/{partition}: {e}"))?;
-            }
-            Ok(())
-        };
-        match tokio::runtime::Handle::try_current() {
-            Ok(h) => blocking(|| h.block_on(write)),
-            Err(_) => tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(|e| e.to_string())?
-                .block_on(write),
-        }
     }
 
     /// In the rebalance callback: `tpl` is assigned paused and handed to the restore task.
@@ -493,7 +425,7 @@ impl Handoff {
 }
 
 /// Runs `f`, which blocks, letting the runtime move its other tasks off this worker first.
-fn blocking<R>(f: impl FnOnce() -> R) -> R {
+pub(super) fn blocking<R>(f: impl FnOnce() -> R) -> R {
     match tokio::runtime::Handle::try_current() {
         Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
             tokio::task::block_in_place(f)

@@ -17,6 +17,7 @@
 //! tombstone. See [`restore`] for the way back and [`handoff`] for partitions changing owner.
 
 pub mod handoff;
+mod operate;
 pub mod owners;
 pub mod restore;
 pub mod topics;
