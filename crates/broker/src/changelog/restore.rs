@@ -87,6 +87,8 @@ struct Progress {
     buffer: Vec<Restored>,
     entries: u64,
     from_checkpoint: bool,
+    /// See [`Store::restore`]: `Some` when the restore began on an empty partition.
+    absent_above: Option<i64>,
 }
 
 /// Restores `parts` into `store` and returns each one's outcome (a cancelled one is left out).
@@ -188,6 +190,7 @@ fn start(
         buffer: Vec::new(),
         entries: 0,
         from_checkpoint: usable.is_some(),
+        absent_above: usable.is_none().then_some(-1),
         part,
     })
 }
@@ -273,7 +276,7 @@ fn apply(store: &Store, p: &mut Progress) -> Result<(), RestoreError> {
         changelog_next: p.next,
         source_next: p.source_next,
     };
-    store.restore(p.part.pid, &p.buffer, at)?;
+    store.restore(p.part.pid, &p.buffer, at, &mut p.absent_above)?;
     p.buffer.clear();
     Ok(())
 }

@@ -103,6 +103,9 @@ struct Restoring<'a, 'db> {
     forget: Vec<RecordId>,
     /// The earliest due time written.
     min_due: u64,
+    /// No record of the partition with an offset above this is in RocksDB (a restore onto
+    /// an empty partition): those need no read.
+    absent_above: Option<i64>,
 }
 
 impl Store {
@@ -177,9 +180,20 @@ impl Store {
     /// Applies changelog entries of `pid`, in changelog order, in one write batch with the
     /// checkpoint `at`. Idempotent: entries this store applied before change nothing.
     ///
+    /// `absent_above`: `Some(v)` when no record of `pid` above offset `v` is in the store (a
+    /// restore onto an empty partition starts at `Some(-1)`), which spares those records a
+    /// read; it is moved past every record put. `None` reads for every entry.
+    ///
     /// # Errors
-    /// A read or write failure, or an offset out of range; nothing is written then.
-    pub fn restore(&self, pid: Pid, entries: &[Restored], at: Checkpoint) -> Result<()> {
+    /// A read or write failure, or an offset out of range; nothing is written then (and
+    /// `absent_above` is left as it was).
+    pub fn restore(
+        &self,
+        pid: Pid,
+        entries: &[Restored],
+        at: Checkpoint,
+        absent_above: &mut Option<i64>,
+    ) -> Result<()> {
         let mut stats = self.lock_writes();
         let mut r = Restoring {
             batch: self.batch(),
@@ -189,6 +203,7 @@ impl Store {
             delta: 0,
             forget: Vec::new(),
             min_due: u64::MAX,
+            absent_above: *absent_above,
         };
         for entry in entries {
             match entry {
@@ -212,6 +227,7 @@ impl Store {
             delta,
             forget,
             min_due,
+            absent_above: above,
             ..
         } = r;
         batch.put::<Meta>(&MetaKey::checkpoint(pid), &at.encode());
@@ -223,6 +239,7 @@ impl Store {
         self.changes.fetch_add(1, Ordering::Release);
         self.low_water.fetch_min(min_due, Ordering::Relaxed);
         stats.apply(&counted);
+        *absent_above = above;
         Ok(())
     }
 
@@ -230,6 +247,9 @@ impl Store {
     fn known(&self, r: &Restoring<'_, '_>, rid: RecordId) -> Result<Known> {
         if let Some(k) = r.records.get(&rid) {
             return Ok(k.clone());
+        }
+        if r.absent_above.is_some_and(|v| rid.offset() > v) {
+            return Ok(None);
         }
         let Some(v) = self.get_pinned::<Records>(&RecordKey::new(rid), "record read")? else {
             return Ok(None);
@@ -281,6 +301,9 @@ impl Store {
         );
         r.delta += 1;
         r.min_due = r.min_due.min(rec.due_ms());
+        if let Some(v) = &mut r.absent_above {
+            *v = (*v).max(rid.offset());
+        }
         Ok(())
     }
 

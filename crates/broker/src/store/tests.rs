@@ -1165,13 +1165,13 @@ fn a_restore_rebuilds_records_ids_counts_and_offset_and_applying_it_again_change
     };
     let rid = |o| RecordId::new(pid, o).unwrap();
     let want = vec![(6_000, rid(1)), (7_000, rid(2))];
-    store.restore(pid, &history(), at).unwrap();
+    store.restore(pid, &history(), at, &mut None).unwrap();
     assert_eq!(pending(&store), want);
     // A tail re-applied (a restart reads from an older checkpoint) is idempotent, and so is a
     // restore split in chunks at any point.
-    store.restore(pid, &history(), at).unwrap();
+    store.restore(pid, &history(), at, &mut None).unwrap();
     for (a, b) in [(0, 3), (3, 7)] {
-        store.restore(pid, &history()[a..b], at).unwrap();
+        store.restore(pid, &history()[a..b], at, &mut None).unwrap();
     }
     assert_eq!(pending(&store), want);
     assert_eq!(store.pending(), 2);
@@ -1188,6 +1188,7 @@ fn a_restore_rebuilds_records_ids_counts_and_offset_and_applying_it_again_change
                 record: sched_to("other", None, 9_000, "third"),
             }],
             at,
+            &mut None,
         )
         .unwrap();
     assert_eq!(pending(&store), vec![(6_000, rid(1)), (9_000, rid(2))]);
@@ -1196,6 +1197,46 @@ fn a_restore_rebuilds_records_ids_counts_and_offset_and_applying_it_again_change
     let store = open(&dir);
     assert_eq!(store.pending(), 2, "counts survive a reopen");
     assert_eq!(store.checkpoint(pid).unwrap(), Some(at));
+}
+
+#[test]
+fn a_restore_onto_an_empty_partition_skips_reads_and_ends_as_one_that_reads() {
+    let at = Checkpoint {
+        changelog_next: 7,
+        source_next: Some(4),
+    };
+    let mut history = history();
+    // An operator moved offset 2 after offset 3 was written: a key seen again, below the
+    // highest put so far, which must be read.
+    history.push(Restored::Record {
+        offset: 2,
+        record: sched_to("other", None, 9_000, "third"),
+    });
+    let restored = |absent: Option<i64>, chunks: &[(usize, usize)]| {
+        let dir = TempDir::new().unwrap();
+        let store = open(&dir);
+        let pid = store.partition_id("delay.in", 0).unwrap();
+        let mut absent_above = absent;
+        for &(a, b) in chunks {
+            store
+                .restore(pid, &history[a..b], at, &mut absent_above)
+                .unwrap();
+        }
+        (
+            pending(&store),
+            store.pending(),
+            by_target_total(&store),
+            absent_above,
+        )
+    };
+    let reading = restored(None, &[(0, 8)]);
+    for chunks in [&[(0, 8)][..], &[(0, 2), (2, 5), (5, 8)]] {
+        let fresh = restored(Some(-1), chunks);
+        assert_eq!(fresh.0, reading.0);
+        assert_eq!((fresh.1, fresh.2), (reading.1, reading.2));
+        assert_eq!(fresh.3, Some(3), "moved past every record put");
+    }
+    assert_eq!(reading.1, 2);
 }
 
 #[test]
@@ -1210,8 +1251,8 @@ fn dropping_a_partition_removes_only_its_state() {
         changelog_next: 7,
         source_next: Some(4),
     };
-    store.restore(mine, &history(), at).unwrap();
-    store.restore(theirs, &history(), at).unwrap();
+    store.restore(mine, &history(), at, &mut None).unwrap();
+    store.restore(theirs, &history(), at, &mut None).unwrap();
     assert_eq!(store.pending(), 4);
     assert_eq!(store.partitions_with_state(), vec![mine, theirs]);
     assert_eq!(store.drop_partition(theirs).unwrap(), 2);
