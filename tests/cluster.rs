@@ -67,44 +67,52 @@ async fn pending(i: &Instance) -> u64 {
     gauge(i, "kafka_delay_pending_records").await
 }
 
-/// Waits until each instance fires some of the partitions and together all `n`.
-async fn wait_shared(instances: &[&Instance], n: u64, logs: &Path) {
+/// Polls `gauge` of every instance every 200 ms until `done` holds for their values; fails
+/// after 60 s, saying `what` and showing the logs.
+async fn wait_gauges(
+    instances: &[&Instance],
+    name: &str,
+    done: impl Fn(&[u64]) -> bool,
+    what: &str,
+    logs: &Path,
+) {
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let mut owned = Vec::new();
+        let mut values = Vec::new();
         for i in instances {
-            owned.push(gauge(i, "kafka_delay_partitions_owned").await);
+            values.push(gauge(i, name).await);
         }
-        if owned.iter().all(|o| *o > 0) && owned.iter().sum::<u64>() == n {
+        if done(&values) {
             return;
         }
         assert!(
             std::time::Instant::now() < deadline,
-            "partitions owned {owned:?}, not {n} shared, after 60 s\n{}",
+            "{name} {values:?} after 60 s: not {what}\n{}",
             logs_tail(logs)
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
 
+/// Waits until each instance fires some of the partitions and together all `n`.
+async fn wait_shared(instances: &[&Instance], n: u64, logs: &Path) {
+    let shared = |o: &[u64]| o.iter().all(|o| *o > 0) && o.iter().sum::<u64>() == n;
+    let what = format!("{n} shared");
+    wait_gauges(
+        instances,
+        "kafka_delay_partitions_owned",
+        shared,
+        &what,
+        logs,
+    )
+    .await;
+}
+
 /// Waits until the instances hold `n` pending records between them.
 async fn wait_pending(instances: &[&Instance], n: u64, logs: &Path) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        let mut sum = 0;
-        for i in instances {
-            sum += pending(i).await;
-        }
-        if sum == n {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{sum} of {n} pending after 60 s\n{}",
-            logs_tail(logs)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    let all = |p: &[u64]| p.iter().sum::<u64>() == n;
+    let what = format!("{n} in all");
+    wait_gauges(instances, "kafka_delay_pending_records", all, &what, logs).await;
 }
 
 /// Produces `r{i}` for i in 0..n, due at `due(i)`, to partition `i % partitions`, waiting for

@@ -139,10 +139,7 @@ impl Changelog {
 
     /// Whether `topic` is one of this group's changelog topics.
     pub fn is_changelog(&self, topic: &str) -> bool {
-        topic
-            .strip_prefix(self.group.as_str())
-            .and_then(|t| t.strip_prefix('-'))
-            .is_some_and(|t| t.ends_with("-changelog"))
+        is_changelog_of(&self.group, topic)
     }
 
     /// Writes `entries` of source partition `source`/`partition` and waits until Kafka has
@@ -242,6 +239,14 @@ impl Changelog {
     pub fn producer(&self) -> &FutureProducer {
         &self.producer
     }
+}
+
+/// Whether `topic` is one of consumer group `group`'s changelog topics.
+pub fn is_changelog_of(group: &str, topic: &str) -> bool {
+    topic
+        .strip_prefix(group)
+        .and_then(|t| t.strip_prefix('-'))
+        .is_some_and(|t| t.ends_with("-changelog"))
 }
 
 /// The changelog topic of source topic `source` in consumer group `group`.

@@ -138,10 +138,9 @@ pub fn ensure_all(config: &Config, replication: i32) -> Result<usize, TopicError
     let mut checked = 0;
     for t in md.topics() {
         let name = t.name();
-        let is_changelog = name
-            .strip_prefix(group.as_str())
-            .is_some_and(|r| r.starts_with('-') && r.ends_with("-changelog"));
-        if is_changelog || name.starts_with("__") || !config.contract.source_pattern.is_match(name)
+        if super::is_changelog_of(group, name)
+            || name.starts_with("__")
+            || !config.contract.source_pattern.is_match(name)
         {
             continue;
         }
