@@ -21,13 +21,25 @@ struct Instance {
 }
 
 fn spawn(kafka: &Kafka, t: &Topics, data: &Path, logs: &Path, name: &str) -> Instance {
+    spawn_with(kafka, t, (data, logs), name, &[])
+}
+
+/// [`spawn`] with more flags.
+fn spawn_with(
+    kafka: &Kafka,
+    t: &Topics,
+    (data, logs): (&Path, &Path),
+    name: &str,
+    more: &[&str],
+) -> Instance {
     let port = free_port();
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(logs.join(format!("{name}.log")))
         .unwrap();
-    let flags = ["--changelog", "--changelog-replication", "1"];
+    let mut flags = vec!["--changelog", "--changelog-replication", "1"];
+    flags.extend(more);
     let proc = spawn_instance(
         &kafka.brokers(),
         t,
@@ -63,8 +75,10 @@ async fn gauge(i: &Instance, name: &str) -> u64 {
     }
 }
 
+/// Records pending in the partitions `i` owns (its standby copies left out).
 async fn pending(i: &Instance) -> u64 {
-    gauge(i, "kafka_delay_pending_records").await
+    let all = gauge(i, "kafka_delay_pending_records").await;
+    all.saturating_sub(gauge(i, "kafka_delay_standby_records").await)
 }
 
 /// Polls `gauge` of every instance every 200 ms until `done` holds for their values; fails
@@ -108,11 +122,25 @@ async fn wait_shared(instances: &[&Instance], n: u64, logs: &Path) {
     .await;
 }
 
-/// Waits until the instances hold `n` pending records between them.
+/// Waits until the instances hold `n` pending records between them in the partitions they
+/// own.
 async fn wait_pending(instances: &[&Instance], n: u64, logs: &Path) {
-    let all = |p: &[u64]| p.iter().sum::<u64>() == n;
-    let what = format!("{n} in all");
-    wait_gauges(instances, "kafka_delay_pending_records", all, &what, logs).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut held = Vec::new();
+        for i in instances {
+            held.push(pending(i).await);
+        }
+        if held.iter().sum::<u64>() == n {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pending {held:?} after 60 s: not {n} in all\n{}",
+            logs_tail(logs)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// Produces `r{i}` for i in 0..n, due at `due(i)`, to partition `i % partitions`, waiting for
@@ -185,7 +213,7 @@ fn tally(got: &[Got], n: u64) -> Tally {
     t
 }
 
-/// Reads the target until `n` distinct records arrived, then `settle` longer for duplicates.
+/// Reads the target until `n` distinct records arrived, then 3 s longer for duplicates.
 async fn read_all(
     kafka: &Kafka,
     t: &Topics,
@@ -193,10 +221,22 @@ async fn read_all(
     n: u64,
     within: Duration,
 ) -> Vec<Got> {
+    read_all_but(kafka, t, (partitions, n), &[], within).await
+}
+
+/// [`read_all`] of `n` records less the `cancelled` ones.
+async fn read_all_but(
+    kafka: &Kafka,
+    t: &Topics,
+    (partitions, n): (i32, u64),
+    cancelled: &[u64],
+    within: Duration,
+) -> Vec<Got> {
     let r = reader(kafka, &t.target, partitions);
     let deadline = std::time::Instant::now() + within;
     let mut got = Vec::new();
-    while tally(&got, n).lost.len() as u64 > 0 && std::time::Instant::now() < deadline {
+    let missing = |got: &[Got]| tally(got, n).lost.iter().any(|i| !cancelled.contains(i));
+    while missing(&got) && std::time::Instant::now() < deadline {
         got.extend(
             collect(
                 &r,
@@ -322,6 +362,128 @@ async fn apache_kafka_a_killed_instances_partitions_move_to_the_others_with_thei
         logs_tail(logs.path())
     );
     drop((b, c));
+}
+
+/// `GET` of `path` on `i`, as JSON.
+async fn get_json(i: &Instance, path: &str) -> (u16, serde_json::Value) {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], i.port));
+    http_json(addr, "GET", path, None, None).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_standby_takes_over_from_its_warm_copy_and_any_instance_answers_for_a_record(
+) {
+    let kafka = Kafka::start();
+    const PARTS: i32 = 4;
+    let t = topics(&kafka, PARTS).await;
+    let logs = TempDir::new().unwrap();
+    let dirs: Vec<TempDir> = (0..2).map(|_| TempDir::new().unwrap()).collect();
+    let standby = ["--standby-replicas", "1"];
+    let a = spawn_with(&kafka, &t, (dirs[0].path(), logs.path()), "a", &standby);
+    let b = spawn_with(&kafka, &t, (dirs[1].path(), logs.path()), "b", &standby);
+    wait_ready(a.port, Duration::from_secs(60)).await;
+    wait_ready(b.port, Duration::from_secs(60)).await;
+    wait_shared(&[&a, &b], PARTS as u64, logs.path()).await;
+    const N: u64 = 2_000;
+    let base = now_ms() + 40_000;
+    produce_due(&kafka, &t, N, PARTS as u64, |i| base + i * 5).await;
+    wait_pending(&[&a, &b], N, logs.path()).await;
+    // Each keeps a warm copy of the other's partitions.
+    let warm = |c: &[u64]| c.iter().sum::<u64>() == N;
+    let what = format!("{N} records in standby copies");
+    wait_gauges(
+        &[&a, &b],
+        "kafka_delay_standby_records",
+        warm,
+        &what,
+        logs.path(),
+    )
+    .await;
+
+    // A record of a's, asked of b by its ref: b sends the request on to a.
+    let (status, page) = get_json(&a, "/api/v1/pending?limit=1").await;
+    assert_eq!(status, 200, "{page}");
+    let mine = &page["records"][0];
+    let (id, reference) = (mine["id"].as_str().unwrap(), mine["ref"].as_str().unwrap());
+    let (status, shown) = get_json(&b, &format!("/api/v1/pending/{reference}")).await;
+    assert_eq!(status, 200, "{shown}");
+    assert_eq!(shown["id"], mine["id"], "{shown}");
+    assert_eq!(
+        shown["served_by"],
+        format!("127.0.0.1:{}", a.port),
+        "{shown}"
+    );
+    let value = shown["value"].as_str().unwrap().to_owned();
+    // Its id is a's: b holds a copy but never answers from it (the id may name another
+    // record of b's own, ids being per instance).
+    let (status, other) = get_json(&b, &format!("/api/v1/pending/{id}")).await;
+    assert!(status == 404 || other["ref"] != reference, "{other}");
+    let (status, missing) = get_json(&b, "/api/v1/pending/00ff000000000000").await;
+    assert_eq!(status, 404, "{missing}");
+    let said = missing["error"].as_str().unwrap_or_default();
+    assert!(said.contains("ref") && said.contains("owners"), "{missing}");
+    // b's listing shows only its own records and names a for the rest.
+    let (_, listed) = get_json(&b, "/api/v1/pending?limit=1000").await;
+    let listed_refs: Vec<&str> = listed["records"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["ref"].as_str())
+        .collect();
+    assert!(!listed_refs.contains(&reference), "{listed}");
+    assert_eq!(
+        listed["elsewhere"][0]["http"],
+        format!("127.0.0.1:{}", a.port),
+        "{listed}"
+    );
+    // Cancelled through b.
+    let b_http = std::net::SocketAddr::from(([127, 0, 0, 1], b.port));
+    let path = format!("/api/v1/pending/{reference}");
+    let (status, cancelled) = http_json(b_http, "DELETE", &path, None, None).await;
+    assert_eq!(status, 200, "{cancelled}");
+    assert_eq!(cancelled["served_by"], format!("127.0.0.1:{}", a.port));
+    let cancelled_i: u64 = value.trim_start_matches('r').parse().unwrap();
+
+    // a dies; b takes its partitions from its warm copies, reading only their tails.
+    let held_a = pending(&a).await;
+    let before = gauge(&b, "kafka_delay_restored_entries_total").await;
+    drop(a);
+    let killed = std::time::Instant::now();
+    let all = |o: &[u64]| o[0] == PARTS as u64;
+    let what = format!("all {PARTS} owned by b");
+    wait_gauges(
+        &[&b],
+        "kafka_delay_partitions_owned",
+        all,
+        &what,
+        logs.path(),
+    )
+    .await;
+    wait_pending(&[&b], N - 1, logs.path()).await;
+    let takeover = killed.elapsed();
+    let read = gauge(&b, "kafka_delay_restored_entries_total").await - before;
+    eprintln!(
+        "a killed holding {held_a}; b owned everything {takeover:.1?} later, reading {read} \
+         changelog entries"
+    );
+    // Without the copy, b would read every entry of a's partitions: at least one per record.
+    assert!(
+        read < held_a / 10,
+        "b read {read} entries to take over {held_a} records\n{}",
+        logs_tail(logs.path())
+    );
+
+    let within = Duration::from_secs(90);
+    let got = read_all_but(&kafka, &t, (PARTS, N), &[cancelled_i], within).await;
+    let result = tally(&got, N);
+    eprintln!("after the takeover: {result:?}");
+    assert_eq!(result.lost, vec![cancelled_i], "{result:?}");
+    assert!(
+        result.duplicates == 0 && result.early == 0,
+        "{result:?}\n{}",
+        logs_tail(logs.path())
+    );
+    drop(b);
 }
 
 fn soak() -> bool {

@@ -7,7 +7,7 @@ use axum::Json;
 use serde::Deserialize;
 use serde_json::json;
 
-use super::records::{select, Filter, When};
+use super::records::{elsewhere, select, Filter, When};
 use super::{bad, internal, Admin, ApiError, ApiResult, MAX_BULK};
 use crate::store::RecordId;
 
@@ -72,12 +72,22 @@ pub(super) async fn off_runtime(f: impl FnOnce() -> ApiResult + Send + 'static) 
     tokio::task::spawn_blocking(f).await.map_err(internal)?
 }
 
+/// A bulk answer, with a changelog naming the instances whose records it did not cover.
+async fn and_elsewhere(a: &Admin, answer: ApiResult) -> ApiResult {
+    let Json(mut v) = answer?;
+    if a.handoff.is_some() {
+        v["elsewhere"] = elsewhere(a).await;
+    }
+    Ok(Json(v))
+}
+
 pub(super) async fn bulk_cancel(
     State(a): State<Admin>,
     headers: HeaderMap,
     Json(f): Json<Filter>,
 ) -> ApiResult {
-    off_runtime(move || {
+    let asked = a.clone();
+    let answer = off_runtime(move || {
         a.mutate(&headers, "bulk_cancel", &bulk_what(&f), || {
             bulk(&a, &f, |ids| {
                 let gone: Vec<RecordId> = a
@@ -92,7 +102,8 @@ pub(super) async fn bulk_cancel(
             })
         })
     })
-    .await
+    .await;
+    and_elsewhere(&asked, answer).await
 }
 
 pub(super) async fn bulk_reschedule(
@@ -100,13 +111,15 @@ pub(super) async fn bulk_reschedule(
     headers: HeaderMap,
     Json(b): Json<Bulk>,
 ) -> ApiResult {
-    off_runtime(move || {
+    let asked = a.clone();
+    let answer = off_runtime(move || {
         a.mutate(&headers, "bulk_reschedule", &bulk_what(&b.filter), || {
             let due = b.when.resolve(a.clock.now_ms(), a.max_delay_ms)?;
             bulk_move(&a, &b.filter, due)
         })
     })
-    .await
+    .await;
+    and_elsewhere(&asked, answer).await
 }
 
 pub(super) async fn bulk_fire(
@@ -114,12 +127,14 @@ pub(super) async fn bulk_fire(
     headers: HeaderMap,
     Json(f): Json<Filter>,
 ) -> ApiResult {
-    off_runtime(move || {
+    let asked = a.clone();
+    let answer = off_runtime(move || {
         a.mutate(&headers, "bulk_fire", &bulk_what(&f), || {
             bulk_move(&a, &f, a.clock.now_ms())
         })
     })
-    .await
+    .await;
+    and_elsewhere(&asked, answer).await
 }
 
 /// Moves the records `f` covers to `due` ("fire now" is a move to now) and puts their new

@@ -14,6 +14,7 @@
 
 mod bulk;
 pub mod console;
+mod forward;
 mod guard;
 mod records;
 

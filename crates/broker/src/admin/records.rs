@@ -2,11 +2,12 @@
 //! fire now; and the JSON a record is shown as.
 
 use axum::extract::{Path, Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::Json;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
+use super::forward::{forward, locate, Located};
 use super::{bad, internal, Admin, ApiError, ApiResult, MAX_PAGE, SCAN_BUDGET};
 use crate::store::{Position, RecordId, Store, StoredRecord};
 use crate::time::{parse_duration_ms, parse_epoch_ms_or_rfc3339};
@@ -38,6 +39,7 @@ pub(super) fn summary(store: &Store, rid: RecordId, due_ms: u64, target: &str) -
         "due": rfc3339(due_ms),
         "target": target,
         "source": { "topic": topic, "partition": partition, "offset": rid.offset() },
+        "ref": format!("{topic}:{partition}:{}", rid.offset()),
     })
 }
 
@@ -109,6 +111,7 @@ pub(super) fn select(
 ) -> Result<Selected, ApiError> {
     let from = time_bound("due_from", &f.due_from)?.unwrap_or(0);
     let to = time_bound("due_to", &f.due_to)?.unwrap_or(u64::MAX);
+    // Copies of partitions owned elsewhere (standbys, a partition being restored) are not shown.
     let target_ok = |t: &str| f.target.as_deref().is_none_or(|want| want == t);
     let key_ok = |rid: RecordId| {
         f.key.as_deref().is_none_or(|want| {
@@ -125,7 +128,8 @@ pub(super) fn select(
             let Some(rec) = store.get(&[rid]).map_err(internal)?.pop().flatten() else {
                 continue;
             };
-            if (from..=to).contains(&due) && target_ok(rec.target()) && key_ok(rid) {
+            let ok = target_ok(rec.target()) && key_ok(rid) && store.owns(rid.pid());
+            if (from..=to).contains(&due) && ok {
                 out.push((due, rid, rec.target().to_owned()));
             }
         }
@@ -137,7 +141,7 @@ pub(super) fn select(
     };
     let (rows, next) = store
         .list(start, to, limit, budget, |_, rid, t| {
-            target_ok(t) && key_ok(rid)
+            store.owns(rid.pid()) && target_ok(t) && key_ok(rid)
         })
         .map_err(internal)?;
     let next = next.map(|p| match p {
@@ -162,7 +166,29 @@ pub(super) async fn list(
         .iter()
         .map(|(due, rid, t)| summary(&a.store, *rid, *due, t))
         .collect();
-    Ok(Json(json!({ "records": records, "next_cursor": next })))
+    let mut out = json!({ "records": records, "next_cursor": next });
+    if a.handoff.is_some() {
+        out["elsewhere"] = elsewhere(&a).await;
+    }
+    Ok(Json(out))
+}
+
+/// With a changelog: the other instances and their partitions, whose records this one does
+/// not list or change (ask each, or use a record's ref, which any instance sends on).
+pub(super) async fn elsewhere(a: &Admin) -> Value {
+    let Some(h) = a.handoff.clone() else {
+        return Value::Null;
+    };
+    let this = h.advertised().map(str::to_owned);
+    match tokio::task::spawn_blocking(move || h.owners()).await {
+        Ok(Ok(owners)) => owners
+            .into_iter()
+            .filter(|o| o.http.is_none() || o.http != this)
+            .map(|o| json!({ "http": o.http, "partitions": o.partitions }))
+            .collect(),
+        Ok(Err(e)) => json!({ "error": e }),
+        Err(e) => json!({ "error": e.to_string() }),
+    }
 }
 
 /// Which instance of the group owns which source partition, and where its HTTP server is:
@@ -186,10 +212,17 @@ pub(super) async fn owners(State(a): State<Admin>, headers: HeaderMap) -> ApiRes
 pub(super) async fn show(
     State(a): State<Admin>,
     headers: HeaderMap,
+    uri: Uri,
     Path(id): Path<String>,
 ) -> ApiResult {
     a.authorize(&headers)?;
-    let rid = parse_id(&id)?;
+    let rid = match locate(&a, &id)? {
+        Located::Here(rid) => rid,
+        Located::Elsewhere(r) => return forward(&a, &r, Method::GET, &uri, &headers, None).await,
+    };
+    if !a.store.owns(rid.pid()) {
+        return Err(not_here(&a, &id));
+    }
     match a.store.get(&[rid]).map_err(internal)?.pop().flatten() {
         Some(rec) => Ok(Json(detail(&a.store, rid, &rec))),
         None => Err(not_here(&a, &id)),
@@ -199,10 +232,16 @@ pub(super) async fn show(
 pub(super) async fn cancel(
     State(a): State<Admin>,
     headers: HeaderMap,
+    uri: Uri,
     Path(id): Path<String>,
 ) -> ApiResult {
+    let located = locate(&a, &id);
+    if let Ok(Located::Elsewhere(r)) = &located {
+        a.authorize(&headers)?;
+        return forward(&a, r, Method::DELETE, &uri, &headers, None).await;
+    }
     a.mutate(&headers, "cancel", &id, || {
-        let rid = parse_id(&id)?;
+        let rid = here(&a, &id, located?)?;
         match a.store.cancel(rid).map_err(internal)? {
             Some(rec) => a.log_changes(&[], &[rid]).map(|()| {
                 Json(json!({
@@ -214,11 +253,20 @@ pub(super) async fn cancel(
     })
 }
 
+/// The record id of a record located here, if its partition fires here.
+fn here(a: &Admin, id: &str, located: Located) -> Result<RecordId, ApiError> {
+    match located {
+        Located::Here(rid) if a.store.owns(rid.pid()) => Ok(rid),
+        _ => Err(not_here(a, id)),
+    }
+}
+
 /// A record not pending here: with a changelog it may be another instance's.
 fn not_here(a: &Admin, id: &str) -> ApiError {
     let hint = if a.handoff.is_some() {
         " on this instance (record ids are per instance, and each holds only the partitions it \
-         owns: GET /api/v1/owners names every instance and its partitions)"
+         owns: ask by the record's ref, topic:partition:offset, which any instance sends on to \
+         the owner; GET /api/v1/owners names every instance and its partitions)"
     } else {
         ""
     };
@@ -260,8 +308,8 @@ impl When {
     }
 }
 
-pub(super) fn move_one(a: &Admin, id: &str, due: u64) -> ApiResult {
-    let rid = parse_id(id)?;
+pub(super) fn move_one(a: &Admin, id: &str, located: Located, due: u64) -> ApiResult {
+    let rid = here(a, id, located)?;
     match a.store.reschedule(rid, due).map_err(internal)? {
         Some(previous) => {
             a.log_changes(&[rid], &[])?;
@@ -286,21 +334,34 @@ pub(super) fn move_one(a: &Admin, id: &str, due: u64) -> ApiResult {
 pub(super) async fn reschedule(
     State(a): State<Admin>,
     headers: HeaderMap,
+    uri: Uri,
     Path(id): Path<String>,
-    Json(when): Json<When>,
+    Json(when): Json<Value>,
 ) -> ApiResult {
+    let located = locate(&a, &id);
+    if let Ok(Located::Elsewhere(r)) = &located {
+        a.authorize(&headers)?;
+        return forward(&a, r, Method::POST, &uri, &headers, Some(when)).await;
+    }
     a.mutate(&headers, "reschedule", &id, || {
+        let when: When = serde_json::from_value(when).map_err(|e| bad(e.to_string()))?;
         let due = when.resolve(a.clock.now_ms(), a.max_delay_ms)?;
-        move_one(&a, &id, due)
+        move_one(&a, &id, located?, due)
     })
 }
 
 pub(super) async fn fire(
     State(a): State<Admin>,
     headers: HeaderMap,
+    uri: Uri,
     Path(id): Path<String>,
 ) -> ApiResult {
+    let located = locate(&a, &id);
+    if let Ok(Located::Elsewhere(r)) = &located {
+        a.authorize(&headers)?;
+        return forward(&a, r, Method::POST, &uri, &headers, None).await;
+    }
     a.mutate(&headers, "fire", &id, || {
-        move_one(&a, &id, a.clock.now_ms())
+        move_one(&a, &id, located?, a.clock.now_ms())
     })
 }

@@ -457,6 +457,7 @@ async fn start_ingest(
             stop.clone(),
         );
         tokio::spawn(run);
+        tokio::spawn(h.clone().run_standbys(stop.clone()));
     }
     let ingest = Ingest {
         consumer,

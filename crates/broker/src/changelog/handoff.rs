@@ -48,6 +48,13 @@ pub struct Handoff {
     events: mpsc::UnboundedSender<Event>,
     /// The partitions being restored, and the flag that stops each.
     restoring: Mutex<HashMap<Pid, Arc<AtomicBool>>>,
+    /// The partitions a standby pass is catching up, and the flag that stops each (an
+    /// assignment stops it). Locked after `restoring`.
+    pub(super) standby: Mutex<HashMap<Pid, Arc<AtomicBool>>>,
+    /// Held by every restore and standby pass: one at a time writes a partition's state.
+    pub(super) restore_lock: Arc<Mutex<()>>,
+    /// Records in each warm copy.
+    pub(super) warm: Mutex<HashMap<Pid, u64>>,
     /// Set at shutdown: a revoke then keeps the local state (the checkpoint makes the next
     /// start read only the changelog's tail).
     stopping: AtomicBool,
@@ -57,7 +64,7 @@ pub struct Handoff {
     /// Delete-after-delivery tombstones not yet handed to the changelog's producer.
     owed: AtomicUsize,
     resumes: Resumes,
-    metrics: Metrics,
+    pub(super) metrics: Metrics,
     /// Where this instance's HTTP server is reached, once it listens.
     pub(super) advertised: std::sync::OnceLock<String>,
 }
@@ -82,6 +89,9 @@ impl Handoff {
             config,
             events: tx,
             restoring: Mutex::default(),
+            standby: Mutex::default(),
+            restore_lock: Arc::default(),
+            warm: Mutex::default(),
             stopping: AtomicBool::new(false),
             first_seen: AtomicBool::new(false),
             owed: AtomicUsize::new(0),
@@ -151,8 +161,17 @@ impl Handoff {
                 cancelled,
             });
         }
+        // A standby pass under way stops (at its next chunk), so the restore of what is
+        // assigned need not wait for it; the next pass goes on from where it stopped.
+        {
+            let _restoring = self.lock_restoring();
+            for flag in lock(&self.standby).values() {
+                flag.store(true, Ordering::Relaxed);
+            }
+        }
         self.count_restoring();
-        if !self.first_seen.swap(true, Ordering::Relaxed) {
+        // With standbys, the standby pass decides what of the rest stays.
+        if !self.first_seen.swap(true, Ordering::Relaxed) && !self.keeps_copies() {
             self.drop_unassigned(&parts);
         }
         let _ = self.events.send(Event::Assigned(parts));
@@ -210,13 +229,20 @@ impl Handoff {
             ms = started.elapsed().as_millis() as u64,
             "revoked partitions stopped firing and their changelog writes are acknowledged"
         );
-        if !self.stopping.load(Ordering::Relaxed) {
+        if !self.stopping.load(Ordering::Relaxed) && !self.keeps_copies() {
             let _ = self.events.send(Event::Revoked(pids));
         }
     }
 
-    fn lock_restoring(&self) -> std::sync::MutexGuard<'_, HashMap<Pid, Arc<AtomicBool>>> {
-        self.restoring.lock().unwrap_or_else(|e| e.into_inner())
+    /// Whether partitions owned elsewhere may stay here, as standby copies.
+    fn keeps_copies(&self) -> bool {
+        self.config.cluster.standby_replicas > 0
+    }
+
+    pub(super) fn lock_restoring(
+        &self,
+    ) -> std::sync::MutexGuard<'_, HashMap<Pid, Arc<AtomicBool>>> {
+        lock(&self.restoring)
     }
 
     fn count_restoring(&self) {
@@ -316,7 +342,12 @@ impl Handoff {
             self.config.clone(),
             self.changelog.clone(),
         );
+        let (one_at_a_time, remaining) = (
+            self.restore_lock.clone(),
+            self.metrics.broker.restore_remaining.clone(),
+        );
         tokio::task::spawn_blocking(move || {
+            let _turn = lock(&one_at_a_time);
             let replication = config.cluster.changelog_replication;
             let sources: HashSet<&str> = parts.iter().map(|p| p.topic.as_str()).collect();
             for source in sources {
@@ -330,8 +361,14 @@ impl Handoff {
                     ..p
                 })
                 .collect();
-            restore::restore(&config, &store, parts, Duration::from_secs(10))
-                .map_err(|e| e.to_string())
+            restore::restore(
+                &config,
+                &store,
+                parts,
+                Duration::from_secs(10),
+                Some(&remaining),
+            )
+            .map_err(|e| e.to_string())
         })
         .await
         .map_err(|e| e.to_string())?
@@ -354,6 +391,7 @@ impl Handoff {
         }
         self.count_restoring();
         self.store.own(part.pid);
+        lock(&self.warm).remove(&part.pid);
         let store = self.store.clone();
         let pid = part.pid;
         let timers = tokio::task::spawn_blocking(move || store.due_of_partition(pid, until))
@@ -422,6 +460,11 @@ impl Handoff {
             _ => Offset::Beginning,
         }
     }
+}
+
+/// `m` locked, even if a thread panicked holding it.
+pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// Runs `f`, which blocks, letting the runtime move its other tasks off this worker first.

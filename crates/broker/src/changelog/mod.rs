@@ -20,6 +20,7 @@ pub mod handoff;
 mod operate;
 pub mod owners;
 pub mod restore;
+pub mod standby;
 pub mod topics;
 
 use std::collections::HashMap;

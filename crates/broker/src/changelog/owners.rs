@@ -24,16 +24,35 @@ pub struct Owner {
     pub partitions: Vec<(String, i32)>,
 }
 
+/// A group as its coordinator describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Group {
+    /// Whether no rebalance is under way (the assignments are the ones in force).
+    pub stable: bool,
+    /// Its members, sorted by `client.id`.
+    pub owners: Vec<Owner>,
+}
+
 /// The members of `group` and their partitions. Blocking.
 ///
 /// # Errors
 /// The coordinator did not answer, or an assignment could not be read.
 pub fn owners<C: ClientContext>(client: &Client<C>, group: &str) -> Result<Vec<Owner>, String> {
+    describe(client, group).map(|g| g.owners)
+}
+
+/// The members of `group`, their partitions and whether the group is stable. Blocking.
+///
+/// # Errors
+/// The coordinator did not answer, or an assignment could not be read.
+pub fn describe<C: ClientContext>(client: &Client<C>, group: &str) -> Result<Group, String> {
     let list = client
         .fetch_group_list(Some(group), Duration::from_secs(10))
         .map_err(|e| format!("cannot describe group {group}: {e}"))?;
     let mut out = Vec::new();
+    let mut stable = false;
     for g in list.groups().iter().filter(|g| g.name() == group) {
+        stable = g.state() == "Stable";
         for m in g.members() {
             let mut partitions = m
                 .assignment()
@@ -53,7 +72,10 @@ pub fn owners<C: ClientContext>(client: &Client<C>, group: &str) -> Result<Vec<O
         }
     }
     out.sort_by(|a, b| a.client_id.cmp(&b.client_id));
-    Ok(out)
+    Ok(Group {
+        stable,
+        owners: out,
+    })
 }
 
 /// The partitions of a consumer protocol assignment: a version (int16), then an array (int32

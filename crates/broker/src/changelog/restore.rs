@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prometheus::IntGauge;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
@@ -45,6 +46,8 @@ pub struct Outcome {
     pub entries: u64,
     /// Whether it started from a local checkpoint (only the tail was read).
     pub from_checkpoint: bool,
+    /// Records the partition gained (less when it lost some).
+    pub delta: i64,
 }
 
 /// Why a restore failed.
@@ -86,12 +89,14 @@ struct Progress {
     source_next: Option<i64>,
     buffer: Vec<Restored>,
     entries: u64,
+    delta: i64,
     from_checkpoint: bool,
     /// See [`Store::restore`]: `Some` when the restore began on an empty partition.
     absent_above: Option<i64>,
 }
 
 /// Restores `parts` into `store` and returns each one's outcome (a cancelled one is left out).
+/// `remaining`, when given, shows the entries still to read, every second.
 ///
 /// # Errors
 /// The first partition that could not be restored; what was applied of it stays, with its
@@ -101,6 +106,7 @@ pub fn restore(
     store: &Store,
     parts: Vec<Part>,
     wait: Duration,
+    remaining: Option<&IntGauge>,
 ) -> Result<HashMap<Pid, Outcome>, RestoreError> {
     // One consumer per changelog topic: librdkafka's end-of-partition event names only the
     // partition's number.
@@ -115,7 +121,7 @@ pub fn restore(
         for part in parts {
             progress.push(start(store, &consumer, part, wait)?);
         }
-        read_topic(store, &consumer, &mut progress)?;
+        read_topic(store, &consumer, &mut progress, remaining)?;
         // The checkpoint of a partition with nothing (left) to read, and what is buffered.
         for p in progress.iter_mut() {
             if !p.part.cancelled.load(Ordering::Relaxed) {
@@ -133,10 +139,14 @@ pub fn restore(
                             source_next: p.source_next,
                             entries: p.entries,
                             from_checkpoint: p.from_checkpoint,
+                            delta: p.delta,
                         },
                     )
                 }),
         );
+    }
+    if let Some(g) = remaining {
+        g.set(0);
     }
     Ok(out)
 }
@@ -189,6 +199,7 @@ fn start(
         source_next: usable.and_then(|c| c.source_next),
         buffer: Vec::new(),
         entries: 0,
+        delta: 0,
         from_checkpoint: usable.is_some(),
         absent_above: usable.is_none().then_some(-1),
         part,
@@ -201,6 +212,7 @@ fn read_topic(
     store: &Store,
     consumer: &BaseConsumer,
     progress: &mut [Progress],
+    remaining: Option<&IntGauge>,
 ) -> Result<(), RestoreError> {
     let mut tpl = TopicPartitionList::new();
     for p in progress.iter().filter(|p| p.next < p.end) {
@@ -220,8 +232,20 @@ fn read_topic(
         .collect();
     let started = Instant::now();
     let mut logged = Instant::now();
+    let mut shown = Instant::now();
     let done = |p: &Progress| p.next >= p.end || p.part.cancelled.load(Ordering::Relaxed);
+    let left = |progress: &[Progress]| -> i64 {
+        progress
+            .iter()
+            .filter(|p| !done(p))
+            .map(|p| p.end - p.next)
+            .sum()
+    };
     while !progress.iter().all(done) {
+        if let Some(g) = remaining.filter(|_| shown.elapsed() >= Duration::from_secs(1)) {
+            shown = Instant::now();
+            g.set(left(progress));
+        }
         match consumer.poll(Duration::from_millis(100)) {
             None => {}
             // Compaction and transaction markers can leave the last offsets without a record:
@@ -276,7 +300,7 @@ fn apply(store: &Store, p: &mut Progress) -> Result<(), RestoreError> {
         changelog_next: p.next,
         source_next: p.source_next,
     };
-    store.restore(p.part.pid, &p.buffer, at, &mut p.absent_above)?;
+    p.delta += store.restore(p.part.pid, &p.buffer, at, &mut p.absent_above)?;
     p.buffer.clear();
     Ok(())
 }

@@ -155,6 +155,11 @@ pub struct ClusterArgs {
     /// before it is let go anyway (those records may then fire again on the new owner).
     #[arg(long, env = "KAFKA_DELAY_HANDOFF_WAIT", default_value = "10s", value_parser = duration)]
     pub handoff_wait: Duration,
+    /// How many other instances keep a warm copy of each partition (tailing its changelog), so
+    /// that a takeover after a crash reads only the last second of changes. Needs --changelog;
+    /// with instances - 1 every instance is warm for every partition.
+    #[arg(long, env = "KAFKA_DELAY_STANDBY_REPLICAS", default_value_t = 0)]
+    pub standby_replicas: usize,
 }
 
 /// The in-memory timing wheel.

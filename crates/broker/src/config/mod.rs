@@ -78,6 +78,8 @@ pub struct ClusterConfig {
     pub changelog_replication: i32,
     /// Longest wait for a revoked partition's deliveries in flight.
     pub handoff_wait: Duration,
+    /// Warm copies of each partition kept by other instances.
+    pub standby_replicas: usize,
 }
 
 /// Where Kafka is and how to join it.

@@ -278,4 +278,19 @@ fn the_changelog_is_off_unless_asked_for_and_its_flags_are_checked() {
         let e = parse(&["--brokers", "k:9092", "--changelog-replication", bad]).unwrap_err();
         assert!(e.contains("--changelog-replication"), "{e}");
     }
+    assert_eq!(c.cluster.standby_replicas, 0);
+    let c = parse(&[
+        "--brokers",
+        "k:9092",
+        "--changelog",
+        "--standby-replicas",
+        "2",
+    ])
+    .unwrap();
+    assert_eq!(c.cluster.standby_replicas, 2);
+    let e = parse(&["--brokers", "k:9092", "--standby-replicas", "1"]).unwrap_err();
+    assert!(
+        e.contains("--standby-replicas") && e.contains("--changelog"),
+        "{e}"
+    );
 }

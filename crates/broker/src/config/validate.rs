@@ -252,10 +252,19 @@ impl RunArgs {
             // librdkafka's mock cluster has no compacted topics and no DescribeConfigs.
             return Err(ConfigError::Exclusive("--changelog", "--embedded-kafka"));
         }
+        let changelog = c.changelog && !c.no_changelog;
+        if c.standby_replicas > 0 && !changelog {
+            return Err(ConfigError::invalid(
+                "--standby-replicas",
+                c.standby_replicas.to_string(),
+                "standby replicas tail the changelog: give --changelog too, or leave it at 0",
+            ));
+        }
         Ok(ClusterConfig {
-            changelog: c.changelog && !c.no_changelog,
+            changelog,
             changelog_replication: c.changelog_replication,
             handoff_wait: c.handoff_wait,
+            standby_replicas: c.standby_replicas,
         })
     }
 

@@ -296,6 +296,14 @@ pub struct BrokerMetrics {
     pub partitions_restoring: IntGauge,
     /// Changelog entries read by restores.
     pub restored_entries: IntCounter,
+    /// Changelog entries the restores of assigned partitions have still to read.
+    pub restore_remaining: IntGauge,
+    /// Partitions owned elsewhere that this instance keeps a warm copy of.
+    pub partitions_standby: IntGauge,
+    /// Records in those copies (counted in the pending gauges too).
+    pub standby_records: IntGauge,
+    /// Changelog entries the copies were behind when they last caught up.
+    pub standby_lag: IntGauge,
 }
 
 impl BrokerMetrics {
@@ -325,6 +333,22 @@ impl BrokerMetrics {
             restored_entries: r.counter(
                 "kafka_delay_restored_entries_total",
                 "Changelog entries read by restores.",
+            )?,
+            restore_remaining: r.gauge(
+                "kafka_delay_restore_remaining_entries",
+                "Changelog entries the restores of assigned partitions have still to read.",
+            )?,
+            partitions_standby: r.gauge(
+                "kafka_delay_partitions_standby",
+                "Partitions owned by another instance that this one keeps a warm copy of.",
+            )?,
+            standby_records: r.gauge(
+                "kafka_delay_standby_records",
+                "Records in the warm copies (the pending gauges count them too).",
+            )?,
+            standby_lag: r.gauge(
+                "kafka_delay_standby_lag_entries",
+                "Changelog entries the warm copies were behind when they last caught up.",
             )?,
         };
         m.build_info

@@ -184,6 +184,8 @@ impl Store {
     /// restore onto an empty partition starts at `Some(-1)`), which spares those records a
     /// read; it is moved past every record put. `None` reads for every entry.
     ///
+    /// Returns how many records the partition gained (less when it lost some).
+    ///
     /// # Errors
     /// A read or write failure, or an offset out of range; nothing is written then (and
     /// `absent_above` is left as it was).
@@ -193,7 +195,7 @@ impl Store {
         entries: &[Restored],
         at: Checkpoint,
         absent_above: &mut Option<i64>,
-    ) -> Result<()> {
+    ) -> Result<i64> {
         let mut stats = self.lock_writes();
         let mut r = Restoring {
             batch: self.batch(),
@@ -240,7 +242,26 @@ impl Store {
         self.low_water.fetch_min(min_due, Ordering::Relaxed);
         stats.apply(&counted);
         *absent_above = above;
-        Ok(())
+        Ok(delta)
+    }
+
+    /// How many records of `pid` the store holds (reads every key of the partition).
+    ///
+    /// # Errors
+    /// A read failure.
+    pub fn count_partition(&self, pid: Pid) -> Result<u64> {
+        let mut read = rocksdb::ReadOptions::default();
+        read.set_iterate_lower_bound(RecordKey::new(RecordId(u64::from(pid) << 48)).as_ref());
+        read.set_iterate_upper_bound(RecordKey::new(RecordId((u64::from(pid) + 1) << 48)).as_ref());
+        let mut it = self.db.raw_iterator_cf_opt(self.cf::<Records>(), read);
+        it.seek_to_first();
+        let mut n = 0;
+        while it.valid() {
+            n += 1;
+            it.next();
+        }
+        it.status().map_err(io("partition count"))?;
+        Ok(n)
     }
 
     /// What a restore batch knows of `rid`: from the batch, else from RocksDB.

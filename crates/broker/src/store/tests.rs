@@ -1165,11 +1165,11 @@ fn a_restore_rebuilds_records_ids_counts_and_offset_and_applying_it_again_change
     };
     let rid = |o| RecordId::new(pid, o).unwrap();
     let want = vec![(6_000, rid(1)), (7_000, rid(2))];
-    store.restore(pid, &history(), at, &mut None).unwrap();
+    assert_eq!(store.restore(pid, &history(), at, &mut None).unwrap(), 2);
     assert_eq!(pending(&store), want);
     // A tail re-applied (a restart reads from an older checkpoint) is idempotent, and so is a
     // restore split in chunks at any point.
-    store.restore(pid, &history(), at, &mut None).unwrap();
+    assert_eq!(store.restore(pid, &history(), at, &mut None).unwrap(), 0);
     for (a, b) in [(0, 3), (3, 7)] {
         store.restore(pid, &history()[a..b], at, &mut None).unwrap();
     }
@@ -1178,6 +1178,7 @@ fn a_restore_rebuilds_records_ids_counts_and_offset_and_applying_it_again_change
     assert_eq!(by_target_total(&store), 2);
     assert_eq!(store.find_id(b"x").unwrap(), vec![(6_000, rid(1))]);
     assert_eq!(store.next_offset(pid).unwrap(), Some(4));
+    assert_eq!(store.count_partition(pid).unwrap(), 2);
     assert_eq!(store.checkpoint(pid).unwrap(), Some(at));
     // A record moved by an operator elsewhere arrives as the same offset with a new due time.
     store
