@@ -510,6 +510,18 @@ fn stop_gracefully(mut i: Instance) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_churn_with_kill_9_wiped_disks_a_join_and_a_leave_loses_nothing_and_is_never_early(
 ) {
+    churn(&[]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_churn_with_standby_replicas_loses_nothing_and_is_never_early() {
+    churn(&["--standby-replicas", "2"]).await;
+}
+
+/// 3 instances of 12 partitions run with `more` flags while records come due: each killed in
+/// turn (every other one with its data dir wiped) and restarted, then a fourth joins and one
+/// leaves cleanly.
+async fn churn(more: &[&str]) {
     let kafka = Kafka::start();
     const PARTS: i32 = 12;
     let t = topics(&kafka, PARTS).await;
@@ -522,7 +534,15 @@ async fn apache_kafka_churn_with_kill_9_wiped_disks_a_join_and_a_leave_loses_not
     let dirs: Vec<TempDir> = (0..4).map(|_| TempDir::new().unwrap()).collect();
     let names = ["a", "b", "c", "d"];
     let mut live: Vec<Option<Instance>> = (0..3)
-        .map(|k| Some(spawn(&kafka, &t, dirs[k].path(), logs.path(), names[k])))
+        .map(|k| {
+            Some(spawn_with(
+                &kafka,
+                &t,
+                (dirs[k].path(), logs.path()),
+                names[k],
+                more,
+            ))
+        })
         .collect();
     for i in live.iter().flatten() {
         wait_ready(i.port, Duration::from_secs(60)).await;
@@ -541,12 +561,12 @@ async fn apache_kafka_churn_with_kill_9_wiped_disks_a_join_and_a_leave_loses_not
             std::fs::remove_dir_all(dirs[k].path()).unwrap();
             std::fs::create_dir(dirs[k].path()).unwrap();
         }
-        let i = spawn(&kafka, &t, dirs[k].path(), logs.path(), names[k]);
+        let i = spawn_with(&kafka, &t, (dirs[k].path(), logs.path()), names[k], more);
         wait_ready(i.port, Duration::from_secs(60)).await;
         live[k] = Some(i);
     }
     // A fourth joins; the third leaves cleanly.
-    let d = spawn(&kafka, &t, dirs[3].path(), logs.path(), names[3]);
+    let d = spawn_with(&kafka, &t, (dirs[3].path(), logs.path()), names[3], more);
     wait_ready(d.port, Duration::from_secs(60)).await;
     stop_gracefully(live[2].take().unwrap());
 
@@ -562,8 +582,8 @@ async fn apache_kafka_churn_with_kill_9_wiped_disks_a_join_and_a_leave_loses_not
     let result = tally(&got, n);
     let bound = 64 * unclean;
     eprintln!(
-        "churn: {n} records over {} s, {unclean} kill -9 (half with the data dir wiped), one \
-         join, one leave: lost {}, early {}, duplicates {} (bound {bound})",
+        "churn {more:?}: {n} records over {} s, {unclean} kill -9 (half with the data dir \
+         wiped), one join, one leave: lost {}, early {}, duplicates {} (bound {bound})",
         spread_ms / 1000,
         result.lost.len(),
         result.early,

@@ -383,6 +383,12 @@ fn compose_and_provisioning_files_parse_and_point_at_files_that_exist() {
         assert_eq!(kd["build"], ".");
         assert_eq!(kd["environment"]["KAFKA_DELAY_BROKERS"], "kafka:9092");
         assert_eq!(kd["environment"]["KAFKA_DELAY_CHANGELOG"], "true");
+        assert_eq!(kd["environment"]["KAFKA_DELAY_STANDBY_REPLICAS"], "1");
+    }
+    // Each advertises the address the other reaches it at: its service name.
+    for (i, name) in ["kafka-delay-0", "kafka-delay-1"].iter().enumerate() {
+        let advertised = &instances[i]["environment"]["KAFKA_DELAY_ADVERTISED_HTTP_ADDR"];
+        assert_eq!(advertised.as_str(), Some(format!("{name}:9464").as_str()));
     }
     assert!(Path::new(ROOT).join("Dockerfile").is_file());
     let id = |i: usize| instances[i]["environment"]["KAFKA_DELAY_INSTANCE_ID"].clone();

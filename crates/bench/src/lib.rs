@@ -10,6 +10,8 @@
 //! - `bench restore` (`restore.rs`): a partition's pending records restored from the changelog
 //!   against re-consuming its source, and ingest with the changelog on and off.
 //! - `bench instances` (`instances.rs`): 1, 2 and 3 broker processes of one group.
+//! - `bench takeover` (`takeover.rs`): a killed instance's partitions taken over, without and
+//!   with a standby replica.
 //! - `bench store-cycle` (`cycle.rs`): the store alone per record on the broker's path.
 //! - `bench head-seek` (`head_seek.rs`): the head of the due index after millions of deletes.
 //! - `bench fill` (`fill.rs`): pending records written straight into a data directory.
@@ -26,6 +28,7 @@ mod instances;
 mod machine;
 mod recovery;
 mod restore;
+mod takeover;
 
 use std::path::Path;
 
@@ -38,6 +41,7 @@ pub use head_seek::{head_seek, HeadSeek, HeadSeekArgs};
 pub use instances::{run_instances, InstancesArgs, Run};
 pub use recovery::{run_recovery, Recovery, RecoveryArgs};
 pub use restore::{run_restore, Phase, RestoreArgs};
+pub use takeover::{run_takeover, Takeover, TakeoverArgs};
 
 /// Why a benchmark could not run.
 pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
@@ -69,6 +73,9 @@ pub enum BenchCommand {
     /// 1, 2 and 3 broker processes of one group (`--changelog`) on the same Kafka: records due
     /// at once through the group.
     Instances(InstancesArgs),
+    /// One of two broker processes killed with N pending: the takeover without and with a
+    /// standby replica (Apache Kafka).
+    Takeover(TakeoverArgs),
     /// The store's cost per record on the broker's path (write, read, delete after delivery)
     /// against plain RocksDB doing the least a durable store does.
     StoreCycle(CycleArgs),
@@ -98,6 +105,10 @@ pub fn run(what: &BenchCommand) -> Result<(), BenchError> {
         }
         BenchCommand::Instances(args) => {
             let runs = runtime()?.block_on(run_instances(args))?;
+            write_json(&args.json, &runs)?;
+        }
+        BenchCommand::Takeover(args) => {
+            let runs = runtime()?.block_on(run_takeover(args))?;
             write_json(&args.json, &runs)?;
         }
         BenchCommand::Restore(args) => {

@@ -317,6 +317,11 @@ impl Broker {
         }
     }
 
+    /// What the broker has logged so far.
+    pub(super) fn log_text(&self) -> Result<String, BenchError> {
+        Ok(std::fs::read_to_string(&self.log)?)
+    }
+
     /// Resident and peak resident memory, bytes.
     fn memory(&self) -> Result<(u64, u64), BenchError> {
         let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))?;

@@ -262,24 +262,8 @@ fn read_topic(
                     continue;
                 };
                 let p = &mut progress[i];
-                if m.offset() < p.next || done(p) {
-                    continue;
-                }
-                let entry =
-                    decode(m.key(), m.payload()).map_err(|detail| RestoreError::Corrupt {
-                        topic: p.part.topic.clone(),
-                        partition: p.part.partition,
-                        offset: m.offset(),
-                        detail,
-                    })?;
-                if let Restored::SourceOffset(n) = entry {
-                    p.source_next = Some(n);
-                }
-                p.buffer.push(entry);
-                p.entries += 1;
-                p.next = m.offset() + 1;
-                if p.buffer.len() >= CHUNK || p.next >= p.end {
-                    apply(store, p)?;
+                if m.offset() >= p.next && !done(p) {
+                    take(store, p, &m)?;
                 }
             }
         }
@@ -291,6 +275,30 @@ fn read_topic(
                       "restoring from the changelog");
             }
         }
+    }
+    Ok(())
+}
+
+/// Buffers the entry `m` of `p`, applying the buffer when it is a chunk or reaches the end.
+fn take(
+    store: &Store,
+    p: &mut Progress,
+    m: &rdkafka::message::BorrowedMessage<'_>,
+) -> Result<(), RestoreError> {
+    let entry = decode(m.key(), m.payload()).map_err(|detail| RestoreError::Corrupt {
+        topic: p.part.topic.clone(),
+        partition: p.part.partition,
+        offset: m.offset(),
+        detail,
+    })?;
+    if let Restored::SourceOffset(n) = entry {
+        p.source_next = Some(n);
+    }
+    p.buffer.push(entry);
+    p.entries += 1;
+    p.next = m.offset() + 1;
+    if p.buffer.len() >= CHUNK || p.next >= p.end {
+        apply(store, p)?;
     }
     Ok(())
 }
