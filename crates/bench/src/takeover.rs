@@ -150,14 +150,22 @@ async fn one(
     let takeover_s = killed.elapsed().as_secs_f64();
     let [survivor] = survivors;
     let entries_read = survivor.gauge("kafka_delay_restored_entries_total") - read_before;
-    let log = survivor.log_text()?;
-    let restore_ms = log[log_before.min(log.len())..]
-        .lines()
-        .filter(|l| l.contains("partition restored and firing here"))
-        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
-        .filter_map(|v| v["fields"]["ms"].as_u64())
-        .max()
-        .unwrap_or(0);
+    // The partition counts as owned just before its line is logged.
+    let mut restore_ms = None;
+    for _ in 0..200 {
+        let log = survivor.log_text()?;
+        restore_ms = log[log_before.min(log.len())..]
+            .lines()
+            .filter(|l| l.contains("partition restored and firing here"))
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .filter_map(|v| v["fields"]["ms"].as_u64())
+            .max();
+        if restore_ms.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let restore_ms = restore_ms.ok_or("the survivor logged no takeover")?;
     Ok(Takeover {
         standby_replicas: replicas,
         killed_held,
