@@ -220,6 +220,10 @@ impl Handoff {
         });
         let in_flight: usize = pids.iter().map(|p| self.store.claimed_in(*p)).sum();
         let flushed = blocking(|| self.changelog.flush(wait.saturating_sub(started.elapsed())));
+        self.metrics
+            .broker
+            .handoff_unsettled
+            .inc_by(in_flight as u64);
         if in_flight > 0 || flushed.is_err() {
             warn!(in_flight, flushed = ?flushed, wait_ms = millis(wait),
                   "partitions let go before all their deliveries settled; those records may fire again on the new owner");

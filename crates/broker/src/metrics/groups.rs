@@ -304,6 +304,8 @@ pub struct BrokerMetrics {
     pub standby_records: IntGauge,
     /// Changelog entries the copies were behind when they last caught up.
     pub standby_lag: IntGauge,
+    /// Records still in flight when their partition was let go: they may fire again.
+    pub handoff_unsettled: IntCounter,
 }
 
 impl BrokerMetrics {
@@ -349,6 +351,11 @@ impl BrokerMetrics {
             standby_lag: r.gauge(
                 "kafka_delay_standby_lag_entries",
                 "Changelog entries the warm copies were behind when they last caught up.",
+            )?,
+            handoff_unsettled: r.counter(
+                "kafka_delay_handoff_unsettled_records_total",
+                "Records still in flight when their partition was let go (after --handoff-wait): \
+                 the new owner may fire them again.",
             )?,
         };
         m.build_info
