@@ -9,7 +9,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::procs::{free_port, spawn_instance, wait_ready, Proc};
+use common::procs::{free_port, spawn_instance, wait_ready, Proc, BIN};
 use common::{collect, http_get, http_json, metric, now_ms, reader, Got, Kafka, Topics};
 use rdkafka::producer::FutureRecord;
 use tempfile::TempDir;
@@ -547,8 +547,26 @@ async fn churn(more: &[&str]) {
     for i in live.iter().flatten() {
         wait_ready(i.port, Duration::from_secs(60)).await;
     }
-    let base = now_ms() + 8_000;
-    produce_due(&kafka, &t, n, PARTS as u64, |i| base + i * spread_ms / n).await;
+    // `kafka-delay verify` produces the records, due over the spread from 8 s on, and reads
+    // the target until all arrived (or 120 s after the last due time).
+    let bound = 64 * rounds as u64;
+    let (count, window) = (n.to_string(), format!("{}s", spread_ms / 1000));
+    let verify = Command::new(BIN)
+        .args([
+            "verify",
+            "--brokers",
+            &kafka.brokers(),
+            "--delay-topic",
+            &t.delay,
+        ])
+        .args([
+            "--target", &t.target, "--count", &count, "--window", &window,
+        ])
+        .args(["--lead", "8s", "--grace", "120s", "--json"])
+        .args(["--max-duplicates", &bound.to_string()])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("spawn kafka-delay verify");
 
     // Kill the instances in turn while records come due, restarting each at once.
     let mut unclean = 0u64;
@@ -570,32 +588,27 @@ async fn churn(more: &[&str]) {
     wait_ready(d.port, Duration::from_secs(60)).await;
     stop_gracefully(live[2].take().unwrap());
 
-    let left = (base + spread_ms).saturating_sub(now_ms());
-    let got = read_all(
-        &kafka,
-        &t,
-        PARTS,
-        n,
-        Duration::from_millis(left) + Duration::from_secs(120),
-    )
-    .await;
-    let result = tally(&got, n);
-    let bound = 64 * unclean;
+    let out = tokio::task::spawn_blocking(move || verify.wait_with_output())
+        .await
+        .unwrap()
+        .expect("kafka-delay verify ran");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let report: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_default();
     eprintln!(
         "churn {more:?}: {n} records over {} s, {unclean} kill -9 (half with the data dir \
-         wiped), one join, one leave: lost {}, early {}, duplicates {} (bound {bound})",
+         wiped), one join, one leave; kafka-delay verify: {report} (duplicates allowed {bound})",
         spread_ms / 1000,
-        result.lost.len(),
-        result.early,
-        result.duplicates
     );
     assert!(
-        result.lost.is_empty() && result.early == 0 && result.duplicates <= bound,
-        "lost {:?}, early {}, duplicates {}\n{}",
-        &result.lost[..result.lost.len().min(20)],
-        result.early,
-        result.duplicates,
+        out.status.success() && report["lost"] == 0 && report["early"] == 0,
+        "verify said {report} ({})\n{}",
+        out.status,
         logs_tail(logs.path())
+    );
+    assert!(
+        report["duplicates"].as_u64().is_some_and(|d| d <= bound),
+        "{report}"
     );
     drop((live, d));
 }

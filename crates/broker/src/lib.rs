@@ -29,4 +29,5 @@ pub mod replay;
 pub mod scheduler;
 pub mod slice;
 pub mod store;
+pub mod txn;
 pub mod verify;

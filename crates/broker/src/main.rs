@@ -89,8 +89,12 @@ fn main() -> ExitCode {
             });
             match result {
                 Ok(report) => {
-                    println!("{report}");
-                    if report.lost == 0 && report.early == 0 {
+                    if args.json {
+                        println!("{}", serde_json::to_string(&report).unwrap_or_default());
+                    } else {
+                        println!("{report}");
+                    }
+                    if report.passed(args.max_duplicates) {
                         ExitCode::SUCCESS
                     } else {
                         ExitCode::FAILURE

@@ -218,6 +218,20 @@ pub struct VerifyArgs {
     /// librdkafka property for both clients, KEY=VALUE (repeatable).
     #[arg(long = "kafka-config", value_parser = parse_kafka_prop)]
     pub kafka_config: Vec<KafkaProp>,
+    /// Duplicates allowed before the verdict fails (e.g. `--in-flight` times the instances
+    /// killed); without it duplicates are reported but do not fail it.
+    #[arg(long)]
+    pub max_duplicates: Option<u64>,
+    /// Print the report as JSON.
+    #[arg(long)]
+    pub json: bool,
+}
+
+impl Report {
+    /// Whether the run passed: nothing lost, nothing early, at most `max_duplicates`.
+    pub fn passed(&self, max_duplicates: Option<u64>) -> bool {
+        self.lost == 0 && self.early == 0 && max_duplicates.is_none_or(|m| self.duplicates <= m)
+    }
 }
 
 /// Runs the verifier: produce, consume until complete or the grace ends, report.

@@ -1,0 +1,190 @@
+//! Kafka transactions as exactly-once firing will use them (`kafka_delay::txn`), on Apache
+//! Kafka (the mock cluster neither fences producers nor checks a group's generation): what a
+//! transaction commits is visible to read_committed consumers with its offsets, what it aborts
+//! is not, a newer producer with the same transactional id fences the older one, and a member
+//! whose generation is over (a zombie) cannot commit.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{collect, reader, unique, Kafka};
+use kafka_delay::txn::{check, Cut, GroupMetadata, Out, Transactions, TxnError};
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::producer::FutureProducer;
+use rdkafka::{Offset, TopicPartitionList};
+
+const CUT: Cut = Cut {
+    interval: Duration::from_millis(20),
+    max_records: 1_000,
+    timeout: Duration::from_secs(30),
+};
+
+fn transactional(kafka: &Kafka, id: &str) -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", kafka.brokers())
+        .set("transactional.id", id)
+        .set("linger.ms", "5")
+        .create()
+        .expect("transactional producer")
+}
+
+/// A member of `group` consuming `topic`, once it has its assignment.
+fn member(kafka: &Kafka, group: &str, topic: &str) -> Arc<BaseConsumer> {
+    let c: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.brokers())
+        .set("group.id", group)
+        .set("enable.auto.commit", "false")
+        .set("session.timeout.ms", "6000")
+        // A member that stops polling leaves the group after 6 s, as a paused process would.
+        .set("max.poll.interval.ms", "6000")
+        .create()
+        .expect("consumer");
+    c.subscribe(&[topic]).expect("subscribe");
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    tokio::task::block_in_place(|| {
+        while c.assignment().map_or(0, |a| a.count()) == 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no assignment in 60 s"
+            );
+            let _ = c.poll(Duration::from_millis(100));
+        }
+    });
+    Arc::new(c)
+}
+
+fn metadata_of(c: &Arc<BaseConsumer>) -> GroupMetadata {
+    let c = c.clone();
+    Arc::new(move || c.group_metadata())
+}
+
+fn out(topic: &str, value: &str) -> Out {
+    Out {
+        topic: topic.to_owned(),
+        partition: Some(0),
+        value: Some(value.as_bytes().to_vec()),
+        ..Out::default()
+    }
+}
+
+async fn values(kafka: &Kafka, topic: &str) -> Vec<String> {
+    let r = reader(kafka, topic, 1);
+    collect(&r, usize::MAX, Duration::from_secs(3))
+        .await
+        .iter()
+        .filter_map(|g| g.value())
+        .collect()
+}
+
+fn committed(c: &BaseConsumer, topic: &str) -> Option<i64> {
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition(topic, 0);
+    let got = c.committed_offsets(tpl, Duration::from_secs(10)).ok()?;
+    match got.elements().first()?.offset() {
+        Offset::Offset(o) => Some(o),
+        _ => None,
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_transaction_commits_its_records_with_its_offsets_and_an_abort_shows_nothing(
+) {
+    let kafka = Kafka::start();
+    let (source, target) = (unique("txn-src"), unique("txn-out"));
+    kafka.create_topic(&source, 1).await;
+    kafka.create_topic(&target, 1).await;
+    let group = unique("txn-group");
+    let consumer = member(&kafka, &group, &source);
+    let producer = transactional(&kafka, &unique("txn"));
+    let (txn, _task) = Transactions::start(producer, metadata_of(&consumer), CUT).unwrap();
+
+    let offsets = vec![(source.clone(), 0, 42)];
+    let records = vec![out(&target, "a"), out(&target, "b")];
+    txn.submit(records, offsets).await.expect("committed");
+    // A record over the client's size limit fails the transaction it is in: the record
+    // before it, and the offsets, are aborted with it.
+    let mut too_big = out(&target, "");
+    too_big.value = Some(vec![b'x'; 2_000_000]);
+    let result = txn
+        .submit(
+            vec![out(&target, "c"), too_big],
+            vec![(source.clone(), 0, 50)],
+        )
+        .await;
+    assert!(matches!(result, Err(TxnError::Aborted(_))), "{result:?}");
+    txn.submit(vec![out(&target, "d")], vec![])
+        .await
+        .expect("committed");
+
+    assert_eq!(values(&kafka, &target).await, ["a", "b", "d"]);
+    assert_eq!(committed(&consumer, &source), Some(42));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_newer_producer_with_the_same_transactional_id_fences_the_older() {
+    let kafka = Kafka::start();
+    let (source, target) = (unique("txn-src"), unique("txn-out"));
+    kafka.create_topic(&source, 1).await;
+    kafka.create_topic(&target, 1).await;
+    let consumer = member(&kafka, &unique("txn-group"), &source);
+    let id = unique("txn");
+    let (old, _t1) =
+        Transactions::start(transactional(&kafka, &id), metadata_of(&consumer), CUT).unwrap();
+    old.submit(vec![out(&target, "old-1")], vec![])
+        .await
+        .expect("committed before the newer producer");
+    let (new, _t2) =
+        Transactions::start(transactional(&kafka, &id), metadata_of(&consumer), CUT).unwrap();
+    let fenced = old.submit(vec![out(&target, "old-2")], vec![]).await;
+    assert!(matches!(fenced, Err(TxnError::Fenced(_))), "{fenced:?}");
+    let again = old.submit(vec![out(&target, "old-3")], vec![]).await;
+    assert!(matches!(again, Err(TxnError::Fenced(_))), "{again:?}");
+    new.submit(vec![out(&target, "new-1")], vec![])
+        .await
+        .expect("the newer producer commits");
+    assert_eq!(values(&kafka, &target).await, ["old-1", "new-1"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_member_whose_generation_is_over_cannot_commit_offsets_or_records() {
+    let kafka = Kafka::start();
+    let (source, target) = (unique("txn-src"), unique("txn-out"));
+    kafka.create_topic(&source, 1).await;
+    kafka.create_topic(&target, 1).await;
+    let group = unique("txn-group");
+    let zombie = member(&kafka, &group, &source);
+    // The zombie's view of the group, frozen: it stops polling and its session runs out.
+    // (Taken once: the one transaction below sends it.)
+    let frozen = std::sync::Mutex::new(zombie.group_metadata());
+    let stale: GroupMetadata = Arc::new(move || frozen.lock().unwrap().take());
+    let (txn, _task) =
+        Transactions::start(transactional(&kafka, &unique("txn")), stale, CUT).unwrap();
+    let heir = member(&kafka, &group, &source); // joins once the zombie's session is over
+    let result = txn
+        .submit(vec![out(&target, "late")], vec![(source.clone(), 0, 7)])
+        .await;
+    eprintln!("the zombie's transaction: {result:?}");
+    assert!(matches!(result, Err(TxnError::Stale(_))), "{result:?}");
+    assert!(values(&kafka, &target).await.is_empty());
+    assert_eq!(committed(&heir, &source), None);
+    drop(zombie);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_the_transaction_check_passes_on_kafka_and_says_why_elsewhere() {
+    let kafka = Kafka::start();
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", kafka.brokers());
+    tokio::task::block_in_place(|| check(&config, Duration::from_secs(30))).expect("transactions");
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    config.set("bootstrap.servers", format!("127.0.0.1:{port}"));
+    let e = tokio::task::block_in_place(|| check(&config, Duration::from_secs(3))).unwrap_err();
+    assert!(e.contains("cannot run transactions"), "{e}");
+}
