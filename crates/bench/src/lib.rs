@@ -12,6 +12,7 @@
 //! - `bench instances` (`instances.rs`): 1, 2 and 3 broker processes of one group.
 //! - `bench takeover` (`takeover.rs`): a killed instance's partitions taken over, without and
 //!   with a standby replica.
+//! - `bench txn` (`txn.rs`): the writes of firing in Kafka transactions against at-least-once.
 //! - `bench store-cycle` (`cycle.rs`): the store alone per record on the broker's path.
 //! - `bench head-seek` (`head_seek.rs`): the head of the due index after millions of deletes.
 //! - `bench fill` (`fill.rs`): pending records written straight into a data directory.
@@ -29,6 +30,7 @@ mod machine;
 mod recovery;
 mod restore;
 mod takeover;
+mod txn;
 
 use std::path::Path;
 
@@ -42,6 +44,7 @@ pub use instances::{run_instances, InstancesArgs, Run};
 pub use recovery::{run_recovery, Recovery, RecoveryArgs};
 pub use restore::{run_restore, Phase, RestoreArgs};
 pub use takeover::{run_takeover, Takeover, TakeoverArgs};
+pub use txn::{run_txn, TxnArgs, TxnRun};
 
 /// Why a benchmark could not run.
 pub type BenchError = Box<dyn std::error::Error + Send + Sync>;
@@ -76,6 +79,9 @@ pub enum BenchCommand {
     /// One of two broker processes killed with N pending: the takeover without and with a
     /// standby replica (Apache Kafka).
     Takeover(TakeoverArgs),
+    /// The writes of firing (target record and changelog tombstone) in Kafka transactions, by
+    /// commit interval and size, against the idempotent producer (Apache Kafka).
+    Txn(TxnArgs),
     /// The store's cost per record on the broker's path (write, read, delete after delivery)
     /// against plain RocksDB doing the least a durable store does.
     StoreCycle(CycleArgs),
@@ -105,6 +111,10 @@ pub fn run(what: &BenchCommand) -> Result<(), BenchError> {
         }
         BenchCommand::Instances(args) => {
             let runs = runtime()?.block_on(run_instances(args))?;
+            write_json(&args.json, &runs)?;
+        }
+        BenchCommand::Txn(args) => {
+            let runs = runtime()?.block_on(run_txn(args))?;
             write_json(&args.json, &runs)?;
         }
         BenchCommand::Takeover(args) => {

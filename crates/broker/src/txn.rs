@@ -211,6 +211,7 @@ fn write(
     offsets: &Offsets,
     cut: Cut,
 ) -> Result<(), TxnError> {
+    let mut deliveries = Vec::with_capacity(outs.len());
     for out in outs {
         let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&out.topic);
         if let Some(p) = out.partition {
@@ -228,9 +229,10 @@ fn write(
         let deadline = Instant::now() + cut.timeout;
         loop {
             match producer.send_result(rec) {
-                // The delivery report is not needed: the commit flushes every record and
-                // fails (abortably) if one of them failed.
-                Ok(_) => break,
+                Ok(delivery) => {
+                    deliveries.push(delivery);
+                    break;
+                }
                 Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
                     if Instant::now() < deadline =>
                 {
@@ -238,6 +240,21 @@ fn write(
                     producer.poll(Duration::from_millis(10));
                 }
                 Err((e, _)) => return Err(classify(e)),
+            }
+        }
+    }
+    // Every record acknowledged before the commit: rdkafka's commit flushes by polling in
+    // steps of 100 ms, which the producer's own polling thread leaves idle, so a commit that
+    // finds records still out waits about 100 ms for nothing.
+    let handle = tokio::runtime::Handle::current();
+    for d in deliveries {
+        match handle.block_on(d) {
+            Ok(Ok(_)) => {}
+            Ok(Err((e, _))) => return Err(classify(e)),
+            Err(_) => {
+                return Err(TxnError::Aborted(
+                    "a record's delivery was cancelled".into(),
+                ))
             }
         }
     }
