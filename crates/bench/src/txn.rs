@@ -270,16 +270,13 @@ async fn transactions(
         .set(
             "transactional.id",
             format!(
-                "bench-txn-{}-{}",
+                "bench-txn-{}-{}-{}",
                 std::process::id(),
-                cut.interval.as_millis()
+                cut.interval.as_millis(),
+                cut.max_records
             ),
         )
         .set("linger.ms", "5")
-        .set(
-            "retry.backoff.ms",
-            std::env::var("TXN_BACKOFF").unwrap_or("100".into()),
-        )
         .create()?;
     let (txn, _task) = Transactions::start(producer, member.metadata(), cut)?;
     let (t, c, s, piece) = (
