@@ -1,8 +1,8 @@
 //! Kafka transactions, the building block of exactly-once firing: one transactional producer,
 //! and a loop that puts the work handed to it (records to write, a consumer group's offsets to
-//! commit) into transactions, one at a time. Work handed in while a transaction is cut joins
-//! it, up to an interval or a number of records; every piece of work learns whether its
-//! transaction committed.
+//! commit) into transactions, one at a time. Work that queued up while the previous
+//! transaction committed goes in the next one, up to a number of records; every piece of work
+//! learns whether its transaction committed.
 //!
 //! A transaction's offsets go to the group coordinator with the consumer's group metadata
 //! (KIP-447): a member whose generation is over (its partitions were given to another member
@@ -21,6 +21,9 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
+
+/// How long a transaction being gathered waits for the next piece of work.
+const GAP: Duration = Duration::from_millis(2);
 
 /// A record to write in a transaction.
 #[derive(Debug, Clone, Default)]
@@ -58,7 +61,7 @@ pub enum TxnError {
 /// How transactions are cut.
 #[derive(Debug, Clone, Copy)]
 pub struct Cut {
-    /// Longest a transaction waits for more work after its first piece.
+    /// Longest a transaction keeps taking work that is still arriving.
     pub interval: Duration,
     /// Records after which a transaction is cut at once.
     pub max_records: usize,
@@ -136,11 +139,16 @@ async fn run(
 ) {
     let mut fenced: Option<String> = None;
     while let Some(first) = rx.recv().await {
+        // What queued up while the last transaction committed joins this one, and what follows
+        // within `GAP` of the last piece; it is cut when nothing more comes (waiting longer
+        // only delays the work in it, whose senders wait for the commit), at `max_records`, or
+        // after `interval` of work still arriving.
         let mut batch = vec![first];
         let mut records = batch[0].records.len();
         let deadline = tokio::time::Instant::now() + cut.interval;
-        while records < cut.max_records && fenced.is_none() {
-            match tokio::time::timeout_at(deadline, rx.recv()).await {
+        while records < cut.max_records {
+            let gap = (tokio::time::Instant::now() + GAP).min(deadline);
+            match tokio::time::timeout_at(gap, rx.recv()).await {
                 Ok(Some(w)) => {
                     records += w.records.len();
                     batch.push(w);
