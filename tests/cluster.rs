@@ -81,8 +81,24 @@ async fn pending(i: &Instance) -> u64 {
     all.saturating_sub(gauge(i, "kafka_delay_standby_records").await)
 }
 
-/// Polls `gauge` of every instance every 200 ms until `done` holds for their values; fails
-/// after 60 s, saying `what` and showing the logs.
+/// Calls `probe` every 200 ms until it says done (`None`); fails after 60 s with what it said
+/// last (`Some`) and the logs.
+async fn wait_for(what: &str, logs: &Path, mut probe: impl AsyncFnMut() -> Option<String>) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        let Some(seen) = probe().await else {
+            return;
+        };
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{seen} after 60 s: not {what}\n{}",
+            logs_tail(logs)
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Polls `gauge` of every instance until `done` holds for their values (see [`wait_for`]).
 async fn wait_gauges(
     instances: &[&Instance],
     name: &str,
@@ -90,22 +106,14 @@ async fn wait_gauges(
     what: &str,
     logs: &Path,
 ) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
+    wait_for(what, logs, async || {
         let mut values = Vec::new();
         for i in instances {
             values.push(gauge(i, name).await);
         }
-        if done(&values) {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{name} {values:?} after 60 s: not {what}\n{}",
-            logs_tail(logs)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        (!done(&values)).then(|| format!("{name} {values:?}"))
+    })
+    .await;
 }
 
 /// Waits until each instance fires some of the partitions and together all `n`.
@@ -125,22 +133,14 @@ async fn wait_shared(instances: &[&Instance], n: u64, logs: &Path) {
 /// Waits until the instances hold `n` pending records between them in the partitions they
 /// own.
 async fn wait_pending(instances: &[&Instance], n: u64, logs: &Path) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    loop {
+    wait_for(&format!("{n} in all"), logs, async || {
         let mut held = Vec::new();
         for i in instances {
             held.push(pending(i).await);
         }
-        if held.iter().sum::<u64>() == n {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "pending {held:?} after 60 s: not {n} in all\n{}",
-            logs_tail(logs)
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        (held.iter().sum::<u64>() != n).then(|| format!("pending {held:?}"))
+    })
+    .await;
 }
 
 /// Produces `r{i}` for i in 0..n, due at `due(i)`, to partition `i % partitions`, waiting for

@@ -203,10 +203,7 @@ fn transaction(
     let result = write(producer, group, outs, offsets, cut);
     if let Err(TxnError::Aborted(_) | TxnError::Stale(_)) = &result {
         if let Err(e) = producer.abort_transaction(cut.timeout) {
-            return Err(match classify(e) {
-                TxnError::Fenced(why) => TxnError::Fenced(why),
-                other => other,
-            });
+            return Err(classify(e));
         }
     }
     result
