@@ -282,26 +282,33 @@ impl Handoff {
         }
     }
 
-    async fn drop_partitions(&self, pids: Vec<Pid>) {
-        let store = self.store.clone();
-        let restoring: HashSet<Pid> = self.lock_restoring().keys().copied().collect();
-        let pids: Vec<Pid> = pids
-            .into_iter()
-            .filter(|p| !restoring.contains(p) && !store.owns(*p))
-            .collect();
-        let dropped = tokio::task::spawn_blocking(move || {
-            pids.iter()
-                .map(|p| store.drop_partition(*p).unwrap_or(0))
-                .sum::<u64>()
-        })
-        .await
-        .unwrap_or(0);
+    async fn drop_partitions(self: &Arc<Self>, pids: Vec<Pid>) {
+        let h = self.clone();
+        let _ = tokio::task::spawn_blocking(move || h.drop_owned_elsewhere(pids)).await;
+    }
+
+    /// Drops the local state of those of `pids` neither owned nor being restored here, and
+    /// says how many records went. Blocking.
+    pub(super) fn drop_owned_elsewhere(&self, pids: impl IntoIterator<Item = Pid>) -> u64 {
+        let mut dropped = 0;
+        for pid in pids {
+            if self.store.owns(pid) || self.lock_restoring().contains_key(&pid) {
+                continue;
+            }
+            match self.store.drop_partition(pid) {
+                Ok(n) => dropped += n,
+                Err(e) => {
+                    warn!(error = %e, "cannot drop the local state of a partition owned elsewhere")
+                }
+            }
+        }
         if dropped > 0 {
             info!(
                 records = dropped,
                 "local state of partitions owned elsewhere dropped"
             );
         }
+        dropped
     }
 
     /// Restores `parts` (trying again until it works or they are revoked), then makes each

@@ -173,29 +173,13 @@ impl Handoff {
     /// Drops the local state of partitions neither owned, being restored, nor kept as copies.
     fn drop_others(&self, kept: &[Part]) {
         let keep: HashSet<Pid> = kept.iter().map(|p| p.pid).collect();
-        let stale: Vec<Pid> = self
+        let stale = self
             .store
             .partitions_with_state()
             .into_iter()
-            .filter(|p| !keep.contains(p) && !self.store.owns(*p))
-            .filter(|p| !self.lock_restoring().contains_key(p))
-            .collect();
-        let mut dropped = 0;
-        for pid in stale {
-            match self.store.drop_partition(pid) {
-                Ok(n) => dropped += n,
-                Err(e) => {
-                    warn!(error = %e, "cannot drop the local state of a partition owned elsewhere")
-                }
-            }
-        }
+            .filter(|p| !keep.contains(p));
+        self.drop_owned_elsewhere(stale);
         lock(&self.warm).retain(|pid, _| keep.contains(pid) || self.store.owns(*pid));
-        if dropped > 0 {
-            info!(
-                records = dropped,
-                "local state of partitions owned elsewhere and not kept as standby copies dropped"
-            );
-        }
     }
 
     /// Counts the copies' records and how far behind they were, for the metrics.
