@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{collect, reader, unique, Kafka};
-use kafka_delay::txn::{check, Cut, GroupMetadata, Out, Transactions, TxnError};
+use kafka_delay::txn::{check, Cut, GroupMetadata, Out, Setup, Transactions, TxnError};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::FutureProducer;
@@ -99,7 +99,8 @@ async fn apache_kafka_a_transaction_commits_its_records_with_its_offsets_and_an_
     let group = unique("txn-group");
     let consumer = member(&kafka, &group, &source);
     let producer = transactional(&kafka, &unique("txn"));
-    let (txn, _task) = Transactions::start(producer, metadata_of(&consumer), CUT).unwrap();
+    let (txn, _task) =
+        Transactions::start(producer, Setup::new(metadata_of(&consumer), CUT)).unwrap();
 
     let offsets = vec![(source.clone(), 0, 42)];
     let records = vec![out(&target, "a"), out(&target, "b")];
@@ -114,7 +115,11 @@ async fn apache_kafka_a_transaction_commits_its_records_with_its_offsets_and_an_
             vec![(source.clone(), 0, 50)],
         )
         .await;
-    assert!(matches!(result, Err(TxnError::Aborted(_))), "{result:?}");
+    // The oversize record is named (the second of its piece); nothing of it is visible.
+    assert!(
+        matches!(result, Err(TxnError::Rejected { index: 1, .. })),
+        "{result:?}"
+    );
     txn.submit(vec![out(&target, "d")], vec![])
         .await
         .expect("committed");
@@ -131,13 +136,19 @@ async fn apache_kafka_a_newer_producer_with_the_same_transactional_id_fences_the
     kafka.create_topic(&target, 1).await;
     let consumer = member(&kafka, &unique("txn-group"), &source);
     let id = unique("txn");
-    let (old, _t1) =
-        Transactions::start(transactional(&kafka, &id), metadata_of(&consumer), CUT).unwrap();
+    let (old, _t1) = Transactions::start(
+        transactional(&kafka, &id),
+        Setup::new(metadata_of(&consumer), CUT),
+    )
+    .unwrap();
     old.submit(vec![out(&target, "old-1")], vec![])
         .await
         .expect("committed before the newer producer");
-    let (new, _t2) =
-        Transactions::start(transactional(&kafka, &id), metadata_of(&consumer), CUT).unwrap();
+    let (new, _t2) = Transactions::start(
+        transactional(&kafka, &id),
+        Setup::new(metadata_of(&consumer), CUT),
+    )
+    .unwrap();
     let fenced = old.submit(vec![out(&target, "old-2")], vec![]).await;
     assert!(matches!(fenced, Err(TxnError::Fenced(_))), "{fenced:?}");
     let again = old.submit(vec![out(&target, "old-3")], vec![]).await;
@@ -160,8 +171,11 @@ async fn apache_kafka_a_member_whose_generation_is_over_cannot_commit_offsets_or
     // (Taken once: the one transaction below sends it.)
     let frozen = std::sync::Mutex::new(zombie.group_metadata());
     let stale: GroupMetadata = Arc::new(move || frozen.lock().unwrap().take());
-    let (txn, _task) =
-        Transactions::start(transactional(&kafka, &unique("txn")), stale, CUT).unwrap();
+    let (txn, _task) = Transactions::start(
+        transactional(&kafka, &unique("txn")),
+        Setup::new(stale, CUT),
+    )
+    .unwrap();
     let heir = member(&kafka, &group, &source); // joins once the zombie's session is over
     let result = txn
         .submit(vec![out(&target, "late")], vec![(source.clone(), 0, 7)])

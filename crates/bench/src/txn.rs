@@ -23,7 +23,7 @@ use serde::Serialize;
 
 use super::harness::{config, percentiles, Kafka};
 use super::BenchError;
-use kafka_delay::txn::{Cut, GroupMetadata, Out, Transactions};
+use kafka_delay::txn::{Cut, GroupMetadata, Out, Setup, Transactions};
 
 /// Flags of `kafka-delay-bench txn`.
 #[derive(Debug, clap::Args)]
@@ -278,7 +278,7 @@ async fn transactions(
         )
         .set("linger.ms", "5")
         .create()?;
-    let (txn, _task) = Transactions::start(producer, member.metadata(), cut)?;
+    let (txn, _task) = Transactions::start(producer, Setup::new(member.metadata(), cut))?;
     let (t, c, s, piece) = (
         target.to_owned(),
         changelog.to_owned(),

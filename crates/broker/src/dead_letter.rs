@@ -104,6 +104,19 @@ fn dead_letter_headers(dl: &DeadLetter) -> Vec<Header> {
     headers
 }
 
+/// The detail header of a dead letter sent without its value.
+fn without_value(dl: &DeadLetter, headers: &mut Vec<Header>) {
+    headers.retain(|h| h.key != names::ERROR_DETAIL);
+    headers.push(Header::new(
+        names::ERROR_DETAIL,
+        format!(
+            "{} (value of {} bytes dropped: too large for the dead-letter topic; read it at the origin offset)",
+            dl.reject.detail,
+            dl.value.as_ref().map_or(0, Vec::len)
+        ),
+    ));
+}
+
 impl DeadLetters {
     /// Dead letters go to `topic` through `producer`.
     pub fn new(producer: FutureProducer, topic: String, metrics: Metrics) -> Self {
@@ -117,6 +130,31 @@ impl DeadLetters {
     /// The dead-letter topic.
     pub fn topic(&self) -> &str {
         &self.topic
+    }
+
+    /// A dead letter as a record for a transaction; without its value (for a topic that
+    /// refused it as too large), its detail says so.
+    pub fn out(&self, dl: &DeadLetter, with_value: bool) -> crate::txn::Out {
+        let mut headers = dead_letter_headers(dl);
+        if !with_value {
+            without_value(dl, &mut headers);
+        }
+        crate::txn::Out {
+            topic: self.topic.clone(),
+            partition: None,
+            key: dl.key.clone(),
+            value: dl.value.clone().filter(|_| with_value),
+            headers: Some(headers_to(&headers)),
+        }
+    }
+
+    /// Counts a dead letter written (its transaction committed).
+    pub fn count(&self, dl: &DeadLetter) {
+        self.metrics
+            .operating
+            .dead_lettered
+            .with_label_values(&[dl.reject.reason.code()])
+            .inc();
     }
 
     /// Writes a group of dead letters, in order, and returns once every one is acknowledged:
@@ -223,15 +261,7 @@ impl DeadLetters {
                     offset = dl.origin.offset, "dead letter too large; sending it without its value"
                 );
                 value = None;
-                headers.retain(|h| h.key != names::ERROR_DETAIL);
-                headers.push(Header::new(
-                    names::ERROR_DETAIL,
-                    format!(
-                        "{} (value of {} bytes dropped: too large for the dead-letter topic; read it at the origin offset)",
-                        dl.reject.detail,
-                        dl.value.as_ref().map_or(0, Vec::len)
-                    ),
-                ));
+                without_value(dl, &mut headers);
                 continue;
             }
             let permanent = too_large

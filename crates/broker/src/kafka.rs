@@ -106,6 +106,31 @@ pub fn producer_config(config: &Config) -> ClientConfig {
     c
 }
 
+/// Kafka Streams' transaction timeout for exactly-once: an instance that stopped in the
+/// middle of a transaction holds up its partitions' new owner (whose restore reads
+/// read_committed) at most this long, before the coordinator aborts it.
+pub const TRANSACTION_TIMEOUT_MS: &str = "10000";
+
+/// The transactional producer of exactly-once firing: [`producer_config`]'s settings with
+/// `transactional_id`, a transaction timeout (default [`TRANSACTION_TIMEOUT_MS`]), and records
+/// given up within it.
+pub fn transactional_producer_config(config: &Config, transactional_id: &str) -> ClientConfig {
+    let mut c = producer_config(config);
+    set_default(
+        &mut c,
+        config,
+        "transaction.timeout.ms",
+        TRANSACTION_TIMEOUT_MS,
+    );
+    let timeout = c
+        .get("transaction.timeout.ms")
+        .unwrap_or(TRANSACTION_TIMEOUT_MS)
+        .to_owned();
+    c.set("transactional.id", transactional_id)
+        .set("message.timeout.ms", timeout);
+    c
+}
+
 fn set_default(c: &mut ClientConfig, config: &Config, key: &str, value: &str) {
     if !config.kafka.properties.iter().any(|p| p.key == key) {
         c.set(key, value);

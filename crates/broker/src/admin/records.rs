@@ -242,6 +242,7 @@ pub(super) async fn cancel(
     }
     a.mutate(&headers, "cancel", &id, || {
         let rid = here(&a, &id, located?)?;
+        not_firing(&a, rid)?;
         match a.store.cancel(rid).map_err(internal)? {
             Some(rec) => a.log_changes(&[], &[rid]).map(|()| {
                 Json(json!({
@@ -259,6 +260,19 @@ fn here(a: &Admin, id: &str, located: Located) -> Result<RecordId, ApiError> {
         Located::Here(rid) if a.store.owns(rid.pid()) => Ok(rid),
         _ => Err(not_here(a, id)),
     }
+}
+
+/// With exactly-once, a record being fired is neither cancelled nor moved: its transaction
+/// delivers it, or aborts and it fires again.
+fn not_firing(a: &Admin, rid: RecordId) -> Result<(), ApiError> {
+    if a.handoff.as_ref().is_some_and(|h| h.exactly_once()) && a.store.is_claimed(rid) {
+        return Err(ApiError(
+            StatusCode::CONFLICT,
+            "the record is being fired now, in a transaction: it is delivered, or fires again              if the transaction aborts; try again in a moment"
+                .into(),
+        ));
+    }
+    Ok(())
 }
 
 /// A record not pending here: with a changelog it may be another instance's.
@@ -310,6 +324,7 @@ impl When {
 
 pub(super) fn move_one(a: &Admin, id: &str, located: Located, due: u64) -> ApiResult {
     let rid = here(a, id, located)?;
+    not_firing(a, rid)?;
     match a.store.reschedule(rid, due).map_err(internal)? {
         Some(previous) => {
             a.log_changes(&[rid], &[])?;

@@ -30,6 +30,7 @@ use crate::slice;
 use crate::store::{Store, StoreError, StoreOptions};
 use crate::{admin, publish};
 
+mod exactly;
 mod running;
 pub use running::Running;
 
@@ -59,6 +60,9 @@ pub enum StartError {
     /// A changelog topic that cannot hold the pending state.
     #[error(transparent)]
     Changelog(#[from] crate::changelog::topics::TopicError),
+    /// Exactly-once was asked for and the cluster cannot run transactions.
+    #[error("{0}")]
+    Transactions(String),
 }
 
 /// Has each idempotent producer get its id now (blocking requests, the three at once), so that
@@ -446,6 +450,9 @@ async fn start_ingest(
         shared.metrics.clone(),
         handoff.clone(),
     )?);
+    if let Some(h) = &handoff {
+        exactly::start(config, &shared.store, h, &consumer).await?;
+    }
     if let (Some(h), Some(events)) = (&handoff, events) {
         let horizon = millis(config.wheel.horizon);
         let (inserts, clock) = (shared.inserts.clone(), shared.clock.clone());

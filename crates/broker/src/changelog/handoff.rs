@@ -27,6 +27,7 @@ use crate::config::{millis, Config};
 use crate::metrics::Metrics;
 use crate::scheduler::{Inserts, Wake};
 use crate::store::{Pid, Store};
+use crate::txn::Transactions;
 
 /// Where ingest resumes each partition it was handed: set before the partition is resumed,
 /// taken by ingest before its next group.
@@ -67,6 +68,11 @@ pub struct Handoff {
     pub(super) metrics: Metrics,
     /// Where this instance's HTTP server is reached, once it listens.
     pub(super) advertised: std::sync::OnceLock<String>,
+    /// With exactly-once: the transaction loop, once ingest has started it.
+    pub(super) transactions: std::sync::OnceLock<Transactions>,
+    /// With exactly-once: the source offset up to which each owned partition's ingest has
+    /// committed (the offset a firing transaction commits for the group).
+    pub(super) consumed: Mutex<HashMap<Pid, i64>>,
 }
 
 /// The receiving end of [`Handoff`]'s events, for [`Handoff::run`].
@@ -98,6 +104,8 @@ impl Handoff {
             resumes: Arc::default(),
             metrics,
             advertised: std::sync::OnceLock::new(),
+            transactions: std::sync::OnceLock::new(),
+            consumed: Mutex::default(),
         };
         (Arc::new(h), Events(rx))
     }
@@ -401,10 +409,13 @@ impl Handoff {
             return; // revoked meanwhile
         }
         self.count_restoring();
-        self.store.own(part.pid);
-        lock(&self.warm).remove(&part.pid);
-        let store = self.store.clone();
         let pid = part.pid;
+        if self.exactly_once() {
+            self.forget_uncommitted(pid, outcome.source_next).await;
+        }
+        self.store.own(pid);
+        lock(&self.warm).remove(&pid);
+        let store = self.store.clone();
         let timers = tokio::task::spawn_blocking(move || store.due_of_partition(pid, until))
             .await
             .map_err(|e| e.to_string())

@@ -16,6 +16,7 @@
 //! for commit and hands the records to the scheduler. A delete after delivery writes a
 //! tombstone. See [`restore`] for the way back and [`handoff`] for partitions changing owner.
 
+mod exactly;
 pub mod handoff;
 mod operate;
 pub mod owners;
@@ -136,6 +137,17 @@ impl Changelog {
     /// The changelog topic of source topic `source`.
     pub fn topic_of(&self, source: &str) -> String {
         topic_name(&self.group, source)
+    }
+
+    /// Entry `e` of source partition `source`/`partition` as a record for a transaction.
+    pub fn out(&self, source: &str, partition: i32, e: &Entry<'_>) -> crate::txn::Out {
+        crate::txn::Out {
+            topic: self.topic_of(source),
+            partition: Some(partition),
+            key: Some(e.key()),
+            value: e.payload(),
+            headers: None,
+        }
     }
 
     /// Whether `topic` is one of this group's changelog topics.

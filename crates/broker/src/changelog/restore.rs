@@ -12,7 +12,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
-use tracing::{info, warn};
+use tracing::{debug, info, warn};
 
 use super::decode;
 use crate::config::Config;
@@ -117,11 +117,16 @@ pub fn restore(
     let mut out = HashMap::new();
     for (topic, parts) in by_topic {
         let mut progress = Vec::with_capacity(parts.len());
-        let consumer = restore_consumer(config, &topic)?;
+        // Entries are read committed; each partition is read up to its log end, past any
+        // transaction still open there (read committed, the end would be where that
+        // transaction began: an exactly-once instance's firing that commits later would
+        // then be missed).
+        let consumer = restore_consumer(config, &topic, "read_committed")?;
+        let ends = restore_consumer(config, &topic, "read_uncommitted")?;
         for part in parts {
-            progress.push(start(store, &consumer, part, wait)?);
+            progress.push(start(store, &ends, part, wait)?);
         }
-        read_topic(store, &consumer, &mut progress, remaining)?;
+        read_topic(store, &consumer, &mut progress, (remaining, wait))?;
         // The checkpoint of a partition with nothing (left) to read, and what is buffered.
         for p in progress.iter_mut() {
             if !p.part.cancelled.load(Ordering::Relaxed) {
@@ -151,12 +156,16 @@ pub fn restore(
     Ok(out)
 }
 
-fn restore_consumer(config: &Config, topic: &str) -> Result<BaseConsumer, RestoreError> {
+fn restore_consumer(
+    config: &Config,
+    topic: &str,
+    isolation: &str,
+) -> Result<BaseConsumer, RestoreError> {
     let mut c = base_config(config);
     c.set("group.id", format!("{}-restore", config.kafka.group_id))
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
-        .set("isolation.level", "read_committed")
+        .set("isolation.level", isolation)
         .set("max.partition.fetch.bytes", "10485760");
     c.create().map_err(|source| RestoreError::Kafka {
         topic: topic.to_owned(),
@@ -212,7 +221,7 @@ fn read_topic(
     store: &Store,
     consumer: &BaseConsumer,
     progress: &mut [Progress],
-    remaining: Option<&IntGauge>,
+    (remaining, wait): (Option<&IntGauge>, Duration),
 ) -> Result<(), RestoreError> {
     let mut tpl = TopicPartitionList::new();
     for p in progress.iter().filter(|p| p.next < p.end) {
@@ -249,11 +258,20 @@ fn read_topic(
         match consumer.poll(Duration::from_millis(100)) {
             None => {}
             // Compaction and transaction markers can leave the last offsets without a record:
-            // the end-of-partition event says the rest has been read.
+            // the end-of-partition event says the rest has been read, up to the last stable
+            // offset. Below the end, a transaction is still open: its outcome comes first.
             Some(Err(KafkaError::PartitionEOF(partition))) => {
                 if let Some(p) = index.get(&partition).map(|&i| &mut progress[i]) {
-                    p.next = p.next.max(p.end);
-                    apply(store, p)?;
+                    let (_, stable) = consumer
+                        .fetch_watermarks(&p.part.topic, partition, wait)
+                        .map_err(|source| kafka(&p.part, source))?;
+                    if stable >= p.end {
+                        p.next = p.next.max(p.end);
+                        apply(store, p)?;
+                    } else {
+                        debug!(topic = %p.part.topic, partition, stable, end = p.end,
+                               "restore waits for a transaction still open in the changelog");
+                    }
                 }
             }
             Some(Err(source)) => return Err(kafka(&progress[0].part, source)),

@@ -160,6 +160,25 @@ pub struct ClusterArgs {
     /// with instances - 1 every instance is warm for every partition.
     #[arg(long, env = "KAFKA_DELAY_STANDBY_REPLICAS", default_value_t = 0)]
     pub standby_replicas: usize,
+    /// Fire each record exactly once for read_committed consumers of its target: what a due
+    /// record writes (the target record, its changelog tombstone) and what ingest writes (the
+    /// changelog entries, dead letters, the source offsets) commit in Kafka transactions, with
+    /// the consumer group's offsets, so a crashed or cut-off instance's work is aborted, never
+    /// repeated. Needs --changelog and a static --instance-id (the transactional.id is
+    /// <group-id>-<instance-id>) and a cluster that runs transactions.
+    #[arg(long, env = "KAFKA_DELAY_EXACTLY_ONCE")]
+    pub exactly_once: bool,
+    /// With --exactly-once: records after which a transaction is committed at once.
+    #[arg(
+        long,
+        env = "KAFKA_DELAY_TRANSACTION_RECORDS",
+        default_value_t = 10_000
+    )]
+    pub transaction_records: usize,
+    /// With --exactly-once: longest a transaction keeps taking work that is still arriving.
+    #[arg(long, env = "KAFKA_DELAY_TRANSACTION_INTERVAL", default_value = "100ms",
+          value_parser = duration)]
+    pub transaction_interval: Duration,
 }
 
 /// The in-memory timing wheel.

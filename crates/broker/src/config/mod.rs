@@ -80,6 +80,12 @@ pub struct ClusterConfig {
     pub handoff_wait: Duration,
     /// Warm copies of each partition kept by other instances.
     pub standby_replicas: usize,
+    /// With exactly-once firing: the producer's `transactional.id`.
+    pub transactional_id: Option<String>,
+    /// Records after which a transaction is committed at once.
+    pub transaction_records: usize,
+    /// Longest a transaction keeps taking work that is still arriving.
+    pub transaction_interval: Duration,
 }
 
 /// Where Kafka is and how to join it.

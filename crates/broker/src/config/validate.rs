@@ -14,7 +14,7 @@ use crate::record::{Contract, Reason};
 use crate::retry::{Policy, Retries};
 
 /// librdkafka properties the broker sets itself, and the flag to use instead.
-const OWNED_PROPERTIES: [(&str, &str); 8] = [
+const OWNED_PROPERTIES: [(&str, &str); 9] = [
     ("bootstrap.servers", "--brokers"),
     ("metadata.broker.list", "--brokers"),
     ("group.id", "--group-id"),
@@ -26,6 +26,10 @@ const OWNED_PROPERTIES: [(&str, &str); 8] = [
         "(targets are never auto-created)",
     ),
     ("topic.metadata.refresh.interval.ms", "--topic-refresh"),
+    (
+        "transactional.id",
+        "--exactly-once (the id is <group-id>-<instance-id>)",
+    ),
 ];
 
 fn at_least(flag: &'static str, min: &'static str, got: impl ToString) -> ConfigError {
@@ -265,7 +269,49 @@ impl RunArgs {
             changelog_replication: c.changelog_replication,
             handoff_wait: c.handoff_wait,
             standby_replicas: c.standby_replicas,
+            transactional_id: self.transactional_id(changelog)?,
+            transaction_records: c.transaction_records,
+            transaction_interval: c.transaction_interval,
         })
+    }
+
+    /// With --exactly-once: the transactional id, `<group-id>-<instance-id>`, the same across
+    /// restarts so that a restarted instance fences what it left behind.
+    fn transactional_id(&self, changelog: bool) -> Result<Option<String>, ConfigError> {
+        let c = &self.cluster;
+        if !c.exactly_once {
+            return Ok(None);
+        }
+        let why = if self.kafka.embedded_kafka {
+            Some("the embedded cluster cannot run transactions: give --brokers of an Apache Kafka cluster")
+        } else if !changelog {
+            Some("exactly-once commits the changelog with what fires: give --changelog too")
+        } else if self.kafka.no_static_membership && self.kafka.instance_id.is_none() {
+            Some("exactly-once needs an id that stays the same across restarts: give --instance-id")
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            return Err(ConfigError::invalid("--exactly-once", "on", why));
+        }
+        if c.transaction_records == 0 {
+            return Err(at_least("--transaction-records", "1", 0));
+        }
+        if c.transaction_interval.is_zero()
+            || c.transaction_interval > std::time::Duration::from_secs(10)
+        {
+            return Err(ConfigError::invalid(
+                "--transaction-interval",
+                human(c.transaction_interval),
+                "between 1ms and 10s (records wait for their transaction's commit)",
+            ));
+        }
+        let instance = self
+            .kafka
+            .instance_id
+            .clone()
+            .unwrap_or_else(default_instance_id);
+        Ok(Some(format!("{}-{instance}", self.kafka.group_id)))
     }
 
     fn wheel(&self) -> Result<WheelConfig, ConfigError> {

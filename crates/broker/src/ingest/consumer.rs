@@ -40,7 +40,15 @@ pub fn consumer_config(config: &Config) -> rdkafka::ClientConfig {
         c.set("group.instance.id", id);
     }
     let defaults = [
-        ("enable.auto.commit", "true"),
+        // With exactly-once the offsets commit in ingest's transactions.
+        (
+            "enable.auto.commit",
+            if config.cluster.transactional_id.is_some() {
+                "false"
+            } else {
+                "true"
+            },
+        ),
         ("auto.commit.interval.ms", "1000"),
         ("auto.offset.reset", "earliest"),
         // Low enough that a restarted instance is consuming again within seconds even where

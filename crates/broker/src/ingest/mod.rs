@@ -16,6 +16,7 @@
 
 mod consumer;
 mod context;
+mod exactly;
 mod topics;
 
 use std::collections::HashMap;
@@ -77,7 +78,7 @@ struct Interpreted<'m> {
     /// The rejected records, for the dead-letter topic.
     dead: Vec<DeadLetter>,
     /// The last offset of each source partition in the group, by the partition's store id.
-    last: HashMap<Pid, (&'m str, i32, i64)>,
+    last: exactly::Last<'m>,
 }
 
 /// The ingest task's state.
@@ -160,7 +161,9 @@ impl Ingest {
                 let _ = tpl.add_partition_offset(&topic, partition, rdkafka::Offset::Offset(*next));
             }
         }
-        if tpl.count() == 0 {
+        // With transactions every offset committed with its group.
+        let transactional = self.handoff.as_ref().is_some_and(|h| h.exactly_once());
+        if tpl.count() == 0 || transactional {
             return;
         }
         let partitions = tpl.count();
@@ -198,7 +201,11 @@ impl Ingest {
         }
         let ops = Arc::new(ops);
         crate::failpoint::hit("after-consume");
-        if !dead.is_empty() {
+        let transactions = self
+            .handoff
+            .as_ref()
+            .and_then(|h| h.transactions().cloned());
+        if !dead.is_empty() && transactions.is_none() {
             self.dead_letters(&dead).await;
         }
         let Some(applied) = self.apply(ops.clone(), now).await else {
@@ -207,14 +214,25 @@ impl Ingest {
             return;
         };
         crate::failpoint::hit("after-store-write");
-        if let Some(h) = self.handoff.clone() {
+        let mut last = last;
+        if let (Some(h), Some(t)) = (self.handoff.clone(), &transactions) {
+            if !self
+                .commit_group(&h, t, (&ops, &applied), &mut last, &dead)
+                .await
+            {
+                return; // not committed: consumed again, here or by the new owner
+            }
+        } else if let Some(h) = self.handoff.clone() {
             if !self.log_changes(&h, &ops, &applied, &last).await {
                 return; // stopping: the changelog has not confirmed the group, nor Kafka
             }
         }
         for (pid, (topic, partition, offset)) in last {
-            if let Err(e) = self.consumer.store_offset(topic, partition, offset) {
-                debug!(%topic, partition, error = %e, "offset not stored (partition revoked?)");
+            // With transactions the offsets committed with the group.
+            if transactions.is_none() {
+                if let Err(e) = self.consumer.store_offset(topic, partition, offset) {
+                    debug!(%topic, partition, error = %e, "offset not stored (partition revoked?)");
+                }
             }
             self.next_offsets.insert(pid, offset + 1);
         }

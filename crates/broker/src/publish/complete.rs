@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use rdkafka::error::KafkaError;
 use tokio::sync::oneshot;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 use super::failure::{classify, Failure};
 use super::reports::{Completions, Sent};
-use super::{history, AttemptMap, Outcome, Publisher};
+use super::{history, AttemptMap, Fault, Outcome, Publisher};
 use crate::dead_letter::{DeadLetter, Origin};
 use crate::record::{names, Header, HeaderRef, Reason, Reject};
 use crate::scheduler::Wake;
@@ -82,7 +82,12 @@ impl Publisher {
                     fired.push(self.observe_delivery(&o.sent, o.reported_ms));
                     finished.push(o.sent);
                 }
-                Err(err) => match self.failed(o.sent, &err, now, attempts).await {
+                Err(Fault::Again(why)) => {
+                    debug!(id = %o.sent.id.0, %why, "transaction aborted; firing again");
+                    retry.push((now + 100, o.sent.id));
+                    permits.push(o.sent);
+                }
+                Err(Fault::Kafka(err)) => match self.failed(o.sent, &err, now, attempts).await {
                     Failed::DeadLettered(sent) => dead_lettered.push(sent),
                     Failed::Retry(at, sent) => {
                         retry.push((at, sent.id));
@@ -94,7 +99,8 @@ impl Publisher {
         self.count_fired(&finished, attempts);
         self.history.extend(fired);
         finished.append(&mut dead_lettered);
-        if !finished.is_empty() {
+        // With exactly-once, each was deleted as its transaction committed.
+        if !finished.is_empty() && !self.exactly_once() {
             crate::failpoint::hit("after-delivery");
             self.delete(Arc::new(finished), read_at).await;
         }
@@ -166,10 +172,7 @@ impl Publisher {
         };
         match failure {
             Failure::Permanent(reason) if a.permanent >= self.policy.max_attempts => {
-                if self
-                    .dead_letter(sent.id, &sent.record, reason, err, a.total)
-                    .await
-                {
+                if self.dead_letter(&sent, reason, err, a.total).await {
                     attempts
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
@@ -205,12 +208,12 @@ impl Publisher {
 
     async fn dead_letter(
         &self,
-        id: RecordId,
-        record: &StoredRecord,
+        sent: &Arc<Sent>,
         reason: Reason,
         err: &KafkaError,
         attempts: u32,
     ) -> bool {
+        let (id, record) = (sent.id, &sent.record);
         let (topic, partition) = self.store.partition_of(id.pid()).unwrap_or_default();
         // A retry dead letter that could not reach its own topic keeps the target it was
         // retried for, and gets this failure's reason instead of its own.
@@ -240,6 +243,9 @@ impl Publisher {
                 offset: id.offset(),
             },
         };
+        if let Some(t) = self.transactions() {
+            return self.dead_letter_in_transaction(t, sent, &dl).await;
+        }
         match self.dead.deliver(&dl, Duration::from_secs(30)).await {
             Ok(()) => {
                 warn!(target = %record.target(), reason = %reason, attempts,

@@ -51,7 +51,17 @@ impl Publisher {
                 attempts.remove(id);
             }
         }
-        for (fire, released_ms) in self.limit(records, limiter).await {
+        let go = self.limit(records, limiter).await;
+        let transactions = self.transactions();
+        if transactions.is_none() && self.exactly_once() && !go.is_empty() {
+            // Exactly-once before its transaction loop runs: nothing may fire outside one.
+            let timers: Vec<_> = go.iter().map(|(f, _)| (f.at_ms, f.id)).collect();
+            self.store.release(timers.iter().map(|t| t.1));
+            self.retry_in_a_second(&timers).await;
+            return;
+        }
+        let mut in_transaction = Vec::new();
+        for (fire, released_ms) in go {
             // `run` owns the semaphore and never closes it.
             let Ok(permit) = sem.clone().acquire_owned().await else {
                 return;
@@ -64,9 +74,14 @@ impl Publisher {
                 released_ms,
                 read_at,
             });
-            if let Err((e, sent)) = self.produce(sent).await {
+            if transactions.is_some() {
+                in_transaction.push(sent);
+            } else if let Err((e, sent)) = self.produce(sent).await {
                 self.reports.send(sent, Err(e));
             }
+        }
+        if let Some(t) = transactions.filter(|_| !in_transaction.is_empty()) {
+            self.fire_in_transaction(t, in_transaction);
         }
     }
 

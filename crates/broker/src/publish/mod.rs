@@ -16,6 +16,7 @@
 //! so one unavailable target never holds up the others.
 
 mod complete;
+mod exactly;
 mod failure;
 mod fire;
 pub mod history;
@@ -49,11 +50,21 @@ struct Attempts {
 
 type AttemptMap = Arc<Mutex<HashMap<RecordId, Attempts, BuildMul>>>;
 
+/// Why a record did not reach its target this time.
+#[derive(Debug)]
+pub enum Fault {
+    /// Kafka refused it, or did not acknowledge it in time.
+    Kafka(KafkaError),
+    /// Its transaction aborted for another reason (another record, a revoke, a fence): it
+    /// goes again at once, not counted as an attempt.
+    Again(String),
+}
+
 /// What became of one produced record.
 #[derive(Debug)]
 pub struct Outcome {
     sent: Arc<Sent>,
-    result: Result<(), KafkaError>,
+    result: Result<(), Fault>,
     /// When the delivery report arrived (epoch ms), before any queueing on our side.
     reported_ms: u64,
 }

@@ -17,7 +17,12 @@ impl Publisher {
     /// The record's headers and the provenance headers added to every published record, built
     /// straight into librdkafka's headers (no copy of the record's own first, no string per
     /// number, the source topic read in place).
-    fn provenance(&self, id: RecordId, record: &StoredRecord, fired_ms: u64) -> OwnedHeaders {
+    pub(super) fn provenance(
+        &self,
+        id: RecordId,
+        record: &StoredRecord,
+        fired_ms: u64,
+    ) -> OwnedHeaders {
         let build = |topic: &str, partition: i32| {
             let mut digits = [[0u8; 20]; 4];
             let [p, o, d, f] = &mut digits;

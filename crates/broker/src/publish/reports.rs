@@ -81,6 +81,11 @@ impl Reports {
 
     /// An outcome known without a report (the produce call itself failed).
     pub(crate) fn send(&self, sent: Arc<Sent>, result: Result<(), rdkafka::error::KafkaError>) {
+        self.send_fault(sent, result.map_err(super::Fault::Kafka));
+    }
+
+    /// An outcome: delivered, or why not.
+    pub(crate) fn send_fault(&self, sent: Arc<Sent>, result: Result<(), super::Fault>) {
         // The receiver lives as long as the publisher; after that nothing waits for outcomes.
         let _ = self.tx.send(Outcome {
             sent,

@@ -46,6 +46,11 @@ impl Firing {
     pub(super) fn claimed_of(&self, pid: Pid) -> usize {
         self.claimed.iter().filter(|id| id.pid() == pid).count()
     }
+
+    /// Whether `rid` is claimed (being fired).
+    pub(super) fn is_claimed(&self, rid: RecordId) -> bool {
+        self.claimed.contains(&rid)
+    }
 }
 
 /// The store's change count when records were claimed: give it back to [`Store::delivered`].
@@ -217,6 +222,17 @@ impl Store {
         timers: impl IntoIterator<Item = (u64, RecordId)>,
     ) -> std::result::Result<FireBatch, ReadFailed> {
         self.read_claimed(self.claim(timers))
+    }
+
+    /// Whether `rid` is being fired (claimed, not yet deleted or released).
+    pub fn is_claimed(&self, rid: RecordId) -> bool {
+        self.lock_firing().is_claimed(rid)
+    }
+
+    /// From now on operators' cancels and moves leave records being fired alone (exactly-once:
+    /// a record moved while its transaction commits would fire twice).
+    pub fn protect_claimed(&self) {
+        self.protect_claimed.store(true, Ordering::Relaxed);
     }
 
     /// Gives back the claims of records that will not be deleted after delivery now (held by a

@@ -359,7 +359,23 @@ impl Store {
     /// # Errors
     /// A read or write failure; what was deleted before it stays deleted.
     pub fn drop_partition(&self, pid: Pid) -> Result<u64> {
-        let first = RecordKey::new(RecordId((u64::from(pid)) << 48));
+        self.drop_records(pid, 0, true)
+    }
+
+    /// Deletes the records of `pid` at source offsets from `from` on, with their index
+    /// entries, id mappings and counts: with exactly-once, what ingest stored here but whose
+    /// transaction did not commit (the changelog's source offset is below them, so they are
+    /// consumed again). Returns how many went.
+    ///
+    /// # Errors
+    /// A read or write failure; what was deleted before it stays deleted.
+    pub fn drop_uncommitted(&self, pid: Pid, from: i64) -> Result<u64> {
+        self.drop_records(pid, from, false)
+    }
+
+    fn drop_records(&self, pid: Pid, from: i64, whole: bool) -> Result<u64> {
+        let from = u64::try_from(from).unwrap_or(0).min((1 << 48) - 1);
+        let first = RecordKey::new(RecordId((u64::from(pid) << 48) | from));
         let end = RecordKey::new(RecordId((u64::from(pid) + 1) << 48));
         let mut dropped = 0u64;
         loop {
@@ -397,7 +413,7 @@ impl Store {
             }
             it.status().map_err(io("records scan"))?;
             let last = gone.len() < DROP_CHUNK;
-            if last {
+            if last && whole {
                 batch.delete::<Offsets>(&PidKey::new(pid));
                 batch.delete::<Meta>(&MetaKey::checkpoint(pid));
             }

@@ -193,6 +193,8 @@ pub struct Store {
     changes: AtomicU64,
     /// [`StoreOptions::keep_within_ms`].
     keep_within_ms: u64,
+    /// Operators' actions skip claimed records ([`Store::protect_claimed`]).
+    protect_claimed: std::sync::atomic::AtomicBool,
     path: PathBuf,
 }
 
@@ -232,6 +234,7 @@ impl Store {
             low_water: AtomicU64::new(0),
             changes: AtomicU64::new(0),
             keep_within_ms: options.keep_within_ms,
+            protect_claimed: std::sync::atomic::AtomicBool::new(false),
             path: path.to_owned(),
         };
         store.load_partitions()?;

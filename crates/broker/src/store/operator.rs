@@ -106,7 +106,14 @@ impl Store {
     /// Call with the write lock held.
     fn pending_among(&self, rids: &[RecordId]) -> Result<Vec<(RecordId, StoredRecord)>> {
         let mut seen = std::collections::HashSet::with_capacity(rids.len());
-        let rids: Vec<RecordId> = rids.iter().copied().filter(|r| seen.insert(*r)).collect();
+        let protect = self.protect_claimed.load(Ordering::Relaxed);
+        let rids: Vec<RecordId> = {
+            let firing = protect.then(|| self.lock_firing());
+            rids.iter()
+                .copied()
+                .filter(|r| seen.insert(*r) && !firing.as_ref().is_some_and(|f| f.is_claimed(*r)))
+                .collect()
+        };
         self.forget_near(rids.iter().copied());
         Ok(rids
             .iter()
