@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 echo "the broker suites against $KAFKA_DELAY_TEST_BROKERS"
 cargo test --features kafka-delay/failpoints \
   --test e2e --test retry --test admin --test process --test reliability --test observability \
-  --test apache_kafka --test cluster --test transactions --test limits --test console --test commands \
+  --test apache_kafka --test cluster --test transactions --test exactly_once --test limits --test console --test commands \
   -- --skip mock_cluster_ "$@"
 KAFKA_DELAY_BIN=$(cargo build --features kafka-delay/failpoints -p kafka-delay --bin kafka-delay --message-format=json |
   python3 -c 'import json, sys

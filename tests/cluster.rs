@@ -6,66 +6,15 @@ mod common;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::procs::{free_port, spawn_instance, wait_ready, Proc, BIN};
+use common::group::{
+    logs_tail, report, soak, spawn, spawn_with, stop_gracefully, verify, Instance,
+};
+use common::procs::wait_ready;
 use common::{collect, http_get, http_json, metric, now_ms, reader, Got, Kafka, Topics};
 use rdkafka::producer::FutureRecord;
 use tempfile::TempDir;
-
-/// One `kafka-delay run --changelog` of the test's group, logging to `logs/<name>.log`.
-struct Instance {
-    _proc: Proc,
-    port: u16,
-}
-
-fn spawn(kafka: &Kafka, t: &Topics, data: &Path, logs: &Path, name: &str) -> Instance {
-    spawn_with(kafka, t, (data, logs), name, &[])
-}
-
-/// [`spawn`] with more flags.
-fn spawn_with(
-    kafka: &Kafka,
-    t: &Topics,
-    (data, logs): (&Path, &Path),
-    name: &str,
-    more: &[&str],
-) -> Instance {
-    let port = free_port();
-    let log = std::fs::OpenOptions::new()
-        .create(true)
-        .append(true)
-        .open(logs.join(format!("{name}.log")))
-        .unwrap();
-    let mut flags = vec!["--changelog", "--changelog-replication", "1"];
-    flags.extend(more);
-    let proc = spawn_instance(
-        &kafka.brokers(),
-        t,
-        (data, port),
-        Some(name),
-        &[],
-        &flags,
-        Stdio::from(log),
-    );
-    Instance { _proc: proc, port }
-}
-
-/// The last lines of every instance's log, for a failure message.
-fn logs_tail(logs: &Path) -> String {
-    let mut out = String::new();
-    for e in std::fs::read_dir(logs).unwrap().flatten() {
-        let text = std::fs::read_to_string(e.path()).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        out += &format!("--- {}\n", e.path().display());
-        for l in &lines[lines.len().saturating_sub(25)..] {
-            out += l;
-            out += "\n";
-        }
-    }
-    out
-}
 
 async fn gauge(i: &Instance, name: &str) -> u64 {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], i.port));
@@ -486,24 +435,6 @@ async fn apache_kafka_a_standby_takes_over_from_its_warm_copy_and_any_instance_a
     drop(b);
 }
 
-fn soak() -> bool {
-    std::env::var("KAFKA_DELAY_SOAK").is_ok_and(|v| v == "1")
-}
-
-/// Stops an instance as an orchestrator would (SIGTERM), waiting at most 60 s.
-fn stop_gracefully(mut i: Instance) {
-    let pid = i._proc.0.id().to_string();
-    let _ = Command::new("kill").args(["-TERM", &pid]).status();
-    let deadline = std::time::Instant::now() + Duration::from_secs(60);
-    while std::time::Instant::now() < deadline {
-        if let Ok(Some(_)) = i._proc.0.try_wait() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    panic!("instance did not stop within 60 s of SIGTERM");
-}
-
 /// Three instances share twelve partitions while records come due; one at a time is killed
 /// with SIGKILL and restarted (its data directory wiped every other time), a fourth joins and
 /// one leaves with SIGTERM. Bounded here (`KAFKA_DELAY_SOAK=1`: 100,000 records, more rounds).
@@ -550,23 +481,8 @@ async fn churn(more: &[&str]) {
     // `kafka-delay verify` produces the records, due over the spread from 8 s on, and reads
     // the target until all arrived (or 120 s after the last due time).
     let bound = 64 * rounds as u64;
-    let (count, window) = (n.to_string(), format!("{}s", spread_ms / 1000));
-    let verify = Command::new(BIN)
-        .args([
-            "verify",
-            "--brokers",
-            &kafka.brokers(),
-            "--delay-topic",
-            &t.delay,
-        ])
-        .args([
-            "--target", &t.target, "--count", &count, "--window", &window,
-        ])
-        .args(["--lead", "8s", "--grace", "120s", "--json"])
-        .args(["--max-duplicates", &bound.to_string()])
-        .stdout(Stdio::piped())
-        .spawn()
-        .expect("spawn kafka-delay verify");
+    let window = format!("{}s", spread_ms / 1000);
+    let verify = verify(&kafka, &t, n, ("8s", &window, "120s"));
 
     // Kill the instances in turn while records come due, restarting each at once.
     let mut unclean = 0u64;
@@ -588,22 +504,15 @@ async fn churn(more: &[&str]) {
     wait_ready(d.port, Duration::from_secs(60)).await;
     stop_gracefully(live[2].take().unwrap());
 
-    let out = tokio::task::spawn_blocking(move || verify.wait_with_output())
-        .await
-        .unwrap()
-        .expect("kafka-delay verify ran");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let report: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_default();
+    let report = report(verify).await;
     eprintln!(
         "churn {more:?}: {n} records over {} s, {unclean} kill -9 (half with the data dir \
          wiped), one join, one leave; kafka-delay verify: {report} (duplicates allowed {bound})",
         spread_ms / 1000,
     );
     assert!(
-        out.status.success() && report["lost"] == 0 && report["early"] == 0,
-        "verify said {report} ({})\n{}",
-        out.status,
+        report["lost"] == 0 && report["early"] == 0,
+        "verify said {report}\n{}",
         logs_tail(logs.path())
     );
     assert!(

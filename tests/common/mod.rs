@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub(crate) mod apache;
+pub(crate) mod group;
 pub(crate) mod procs;
 
 use std::collections::HashMap;

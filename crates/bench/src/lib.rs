@@ -22,6 +22,7 @@
 
 mod cycle;
 mod e2e;
+mod exactly;
 mod fill;
 mod harness;
 mod head_seek;
@@ -38,6 +39,7 @@ use clap::{Args, Subcommand};
 
 pub use cycle::{store_cycle, Cycle, CycleArgs, Phases};
 pub use e2e::{run_e2e, E2eArgs, E2eReport};
+pub use exactly::{run_exactly_once, EosRun, ExactlyOnceArgs};
 pub use fill::{fill, FillArgs, FillError, Filled};
 pub use head_seek::{head_seek, HeadSeek, HeadSeekArgs};
 pub use instances::{run_instances, InstancesArgs, Run};
@@ -82,6 +84,9 @@ pub enum BenchCommand {
     /// The writes of firing (target record and changelog tombstone) in Kafka transactions, by
     /// commit interval and size, against the idempotent producer (Apache Kafka).
     Txn(TxnArgs),
+    /// The broker with `--exactly-once` at several transaction settings against
+    /// at-least-once: throughput and delivery lateness (Apache Kafka).
+    ExactlyOnce(ExactlyOnceArgs),
     /// The store's cost per record on the broker's path (write, read, delete after delivery)
     /// against plain RocksDB doing the least a durable store does.
     StoreCycle(CycleArgs),
@@ -115,6 +120,10 @@ pub fn run(what: &BenchCommand) -> Result<(), BenchError> {
         }
         BenchCommand::Txn(args) => {
             let runs = runtime()?.block_on(run_txn(args))?;
+            write_json(&args.json, &runs)?;
+        }
+        BenchCommand::ExactlyOnce(args) => {
+            let runs = runtime()?.block_on(run_exactly_once(args))?;
             write_json(&args.json, &runs)?;
         }
         BenchCommand::Takeover(args) => {

@@ -21,7 +21,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use crate::store::Pid;
 
@@ -261,6 +261,9 @@ async fn run(producer: FutureProducer, setup: Setup, mut rx: mpsc::Receiver<Queu
                     .unwrap_or_else(|e| vec![Err(TxnError::Aborted(e.to_string())); n])
             }
         };
+        if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+            warn!(error = %e, pieces = results.len(), "transaction not committed");
+        }
         if let Some(Err(TxnError::Fenced(why))) = results
             .iter()
             .find(|r| matches!(r, Err(TxnError::Fenced(_))))
@@ -614,7 +617,7 @@ mod tests {
         ));
         // A record's own refusal concerns that record; a fence concerns the transaction.
         assert!(matches!(
-            refused(4, code(RDKafkaErrorCode::MsgSizeTooLarge)),
+            refused(4, code(RDKafkaErrorCode::MessageSizeTooLarge)),
             Failure::Record(4, _)
         ));
         assert!(matches!(

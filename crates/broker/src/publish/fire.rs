@@ -62,9 +62,20 @@ impl Publisher {
         }
         let mut in_transaction = Vec::new();
         for (fire, released_ms) in go {
-            // `run` owns the semaphore and never closes it.
-            let Ok(permit) = sem.clone().acquire_owned().await else {
-                return;
+            // The records gathered for a transaction hold permits: they go before this waits
+            // for one that only their outcome can free.
+            let permit = match sem.clone().try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => {
+                    if let Some(t) = transactions.clone().filter(|_| !in_transaction.is_empty()) {
+                        self.fire_in_transaction(t, std::mem::take(&mut in_transaction));
+                    }
+                    // `run` owns the semaphore and never closes it.
+                    let Ok(p) = sem.clone().acquire_owned().await else {
+                        return;
+                    };
+                    p
+                }
             };
             let sent = Arc::new(Sent {
                 id: fire.id,

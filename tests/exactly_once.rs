@@ -1,0 +1,226 @@
+//! Exactly-once firing on Apache Kafka, judged by `kafka-delay verify` reading the target
+//! read_committed: no record is lost, duplicated or early through `kill -9` cycles under load,
+//! rebalance churn with three instances, a Kafka broker restart, and an instance paused past
+//! its session timeout and resumed (a zombie). Each scenario first runs at-least-once on the
+//! same broker, and must show the duplicates that exactly-once removes: a scenario that causes
+//! none would prove nothing.
+
+mod common;
+
+use std::time::Duration;
+
+use common::apache::{self, Private};
+use common::group::{logs_tail, report, spawn_with, stop_gracefully, verify, Instance};
+use common::procs::wait_ready;
+use common::{Kafka, Topics};
+use serde_json::Value;
+use tempfile::TempDir;
+
+/// The flags of each mode.
+const AT_LEAST_ONCE: &[&str] = &[];
+const EXACTLY_ONCE: &[&str] = &["--exactly-once"];
+
+const NAMES: [&str; 4] = ["a", "b", "c", "d"];
+
+/// The scenarios run one at a time: each loads both cores of a small machine.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// Instances of one group, each with a data directory of its own, running in one mode.
+struct Group {
+    kafka: Kafka,
+    t: Topics,
+    logs: TempDir,
+    dirs: Vec<TempDir>,
+    live: Vec<Option<Instance>>,
+    mode: &'static [&'static str],
+}
+
+impl Group {
+    /// `n` instances sharing `partitions` partitions, ready.
+    async fn start(kafka: Kafka, n: usize, partitions: i32, mode: &'static [&'static str]) -> Self {
+        let t = Topics::new();
+        kafka.create_topic(&t.delay, partitions).await;
+        kafka.create_topic(&t.target, partitions).await;
+        kafka.create_topic(&t.dlt, 1).await;
+        let mut g = Group {
+            kafka,
+            t,
+            logs: TempDir::new().unwrap(),
+            dirs: (0..NAMES.len()).map(|_| TempDir::new().unwrap()).collect(),
+            live: (0..NAMES.len()).map(|_| None).collect(),
+            mode,
+        };
+        for k in 0..n {
+            g.spawn(k);
+        }
+        for k in 0..n {
+            g.ready(k).await;
+        }
+        g
+    }
+
+    fn spawn(&mut self, k: usize) {
+        let (data, logs) = (self.dirs[k].path(), self.logs.path());
+        let i = spawn_with(&self.kafka, &self.t, (data, logs), NAMES[k], self.mode);
+        self.live[k] = Some(i);
+    }
+
+    async fn ready(&self, k: usize) {
+        let port = self.live[k].as_ref().expect("running").port;
+        wait_ready(port, Duration::from_secs(90)).await;
+    }
+
+    /// Kills instance `k` with SIGKILL (its data directory wiped when `wipe`) and starts it
+    /// again at once.
+    async fn kill_and_restart(&mut self, k: usize, wipe: bool) {
+        drop(self.live[k].take());
+        if wipe {
+            std::fs::remove_dir_all(self.dirs[k].path()).unwrap();
+            std::fs::create_dir(self.dirs[k].path()).unwrap();
+        }
+        self.spawn(k);
+        self.ready(k).await;
+    }
+
+    fn instance(&self, k: usize) -> &Instance {
+        self.live[k].as_ref().expect("running")
+    }
+
+    /// `kafka-delay verify`, `count` records due over `window` seconds from 8 s on.
+    fn verify(&self, count: u64, window: u64) -> std::process::Child {
+        let window = format!("{window}s");
+        verify(&self.kafka, &self.t, count, ("8s", &window, "150s"))
+    }
+
+    /// The verdict, and the end of every instance's log for a failure message.
+    async fn judged(self, verify: std::process::Child) -> (Value, String) {
+        let report = report(verify).await;
+        let tail = logs_tail(self.logs.path());
+        drop(self.live);
+        (report, tail)
+    }
+}
+
+fn mode_name(mode: &[&str]) -> &'static str {
+    if mode.is_empty() {
+        "at-least-once"
+    } else {
+        "exactly-once"
+    }
+}
+
+/// At-least-once loses nothing and is never early but shows duplicates; exactly-once shows
+/// none of the three.
+fn judge(scenario: &str, (alo, alo_logs): (Value, String), (eos, eos_logs): (Value, String)) {
+    eprintln!("{scenario}\n  at-least-once: {alo}\n  exactly-once:  {eos}");
+    assert!(
+        alo["lost"] == 0 && alo["early"] == 0,
+        "{scenario}, at-least-once: {alo}\n{alo_logs}"
+    );
+    assert!(
+        alo["duplicates"].as_u64().is_some_and(|d| d > 0),
+        "{scenario}: at-least-once showed no duplicates, so the scenario does not exercise \
+         what exactly-once removes: {alo}"
+    );
+    assert!(
+        eos["lost"] == 0 && eos["duplicates"] == 0 && eos["early"] == 0,
+        "{scenario}, exactly-once: {eos}\n{eos_logs}"
+    );
+}
+
+fn shared_kafka() -> Kafka {
+    Kafka::External(apache::shared())
+}
+
+/// Two instances of six partitions; 20 times, one of them is killed with SIGKILL while
+/// records come due, and started again at once.
+async fn kill_cycles(mode: &'static [&'static str]) -> (Value, String) {
+    const CYCLES: usize = 20;
+    let mut g = Group::start(shared_kafka(), 2, 6, mode).await;
+    let verify = g.verify(30_000, 75);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    for cycle in 0..CYCLES {
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        g.kill_and_restart(cycle % 2, false).await;
+    }
+    eprintln!("{}: {CYCLES} kill -9 cycles done", mode_name(mode));
+    g.judged(verify).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_exactly_once_over_20_kill_9_cycles_loses_nothing_and_duplicates_nothing() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let alo = kill_cycles(AT_LEAST_ONCE).await;
+    let eos = kill_cycles(EXACTLY_ONCE).await;
+    judge("20 kill -9 cycles under load", alo, eos);
+}
+
+/// Three instances of twelve partitions: each killed in turn twice (every other time with
+/// its data directory wiped) and restarted, then a fourth joins and one leaves cleanly.
+async fn churn(mode: &'static [&'static str]) -> (Value, String) {
+    let mut g = Group::start(shared_kafka(), 3, 12, mode).await;
+    let verify = g.verify(24_000, 60);
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    for round in 0..6 {
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        g.kill_and_restart(round % 3, round % 2 == 0).await;
+    }
+    g.spawn(3);
+    g.ready(3).await;
+    stop_gracefully(g.live[2].take().expect("running"));
+    g.judged(verify).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_exactly_once_through_rebalance_churn_of_three_instances() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let alo = churn(AT_LEAST_ONCE).await;
+    let eos = churn(EXACTLY_ONCE).await;
+    judge("rebalance churn with 3 instances", alo, eos);
+}
+
+/// Two instances on a Kafka broker of their own, which is killed (SIGKILL) while records come
+/// due and restarted 35 s later (past the producers' 30 s message timeout and the 10 s
+/// transaction timeout).
+async fn kafka_restart(mode: &'static [&'static str]) -> (Value, String) {
+    let broker = Private::start();
+    let g = Group::start(Kafka::External(broker.brokers().to_owned()), 2, 4, mode).await;
+    let verify = g.verify(30_000, 60);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    broker.kill();
+    tokio::time::sleep(Duration::from_secs(35)).await;
+    broker.restart();
+    eprintln!("{}: Kafka restarted", mode_name(mode));
+    g.judged(verify).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_exactly_once_through_a_kafka_broker_restart() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let alo = kafka_restart(AT_LEAST_ONCE).await;
+    let eos = kafka_restart(EXACTLY_ONCE).await;
+    judge("a Kafka broker killed and restarted 35 s later", alo, eos);
+}
+
+/// Two instances; one is paused (SIGSTOP) while records come due, for 25 s (past its 6 s
+/// session timeout and the 10 s transaction timeout, so the other takes its partitions), then
+/// resumed: whatever it had under way, and whatever it fires before it hears of the
+/// rebalance, must not reach read_committed consumers.
+async fn zombie(mode: &'static [&'static str]) -> (Value, String) {
+    let g = Group::start(shared_kafka(), 2, 4, mode).await;
+    let verify = g.verify(30_000, 60);
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    g.instance(0).signal("STOP");
+    tokio::time::sleep(Duration::from_secs(25)).await;
+    g.instance(0).signal("CONT");
+    eprintln!("{}: the paused instance resumed", mode_name(mode));
+    g.judged(verify).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_exactly_once_fences_an_instance_paused_past_its_session_timeout() {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    let alo = zombie(AT_LEAST_ONCE).await;
+    let eos = zombie(EXACTLY_ONCE).await;
+    judge("an instance paused 25 s (SIGSTOP) and resumed", alo, eos);
+}
