@@ -137,7 +137,7 @@ fn shared_kafka() -> Kafka {
 async fn kill_cycles(mode: &'static [&'static str]) -> (Value, String) {
     const CYCLES: usize = 20;
     let mut g = Group::start(shared_kafka(), 2, 6, mode).await;
-    let verify = g.verify(30_000, 75);
+    let verify = g.verify(150_000, 75);
     tokio::time::sleep(Duration::from_secs(8)).await;
     for cycle in 0..CYCLES {
         tokio::time::sleep(Duration::from_millis(2_500)).await;
@@ -159,7 +159,7 @@ async fn apache_kafka_exactly_once_over_20_kill_9_cycles_loses_nothing_and_dupli
 /// its data directory wiped) and restarted, then a fourth joins and one leaves cleanly.
 async fn churn(mode: &'static [&'static str]) -> (Value, String) {
     let mut g = Group::start(shared_kafka(), 3, 12, mode).await;
-    let verify = g.verify(24_000, 60);
+    let verify = g.verify(120_000, 60);
     tokio::time::sleep(Duration::from_secs(8)).await;
     for round in 0..6 {
         tokio::time::sleep(Duration::from_secs(5)).await;

@@ -1,8 +1,9 @@
-//! Kafka transactions as exactly-once firing will use them (`kafka_delay::txn`), on Apache
+//! Kafka transactions as exactly-once firing uses them (`kafka_delay::txn`), on Apache
 //! Kafka (the mock cluster neither fences producers nor checks a group's generation): what a
 //! transaction commits is visible to read_committed consumers with its offsets, what it aborts
 //! is not, a newer producer with the same transactional id fences the older one, and a member
-//! whose generation is over (a zombie) cannot commit.
+//! whose generation is over (a zombie) cannot commit; a restore waits for a transaction open in
+//! the changelog.
 
 mod common;
 
@@ -10,10 +11,14 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{collect, reader, unique, Kafka};
+use kafka_delay::changelog::restore::{restore, Part};
+use kafka_delay::changelog::{Changelog, Entry};
+use kafka_delay::config::RunArgs;
+use kafka_delay::store::{Store, StoreOptions, StoredRecord};
 use kafka_delay::txn::{check, Cut, GroupMetadata, Out, Setup, Transactions, TxnError};
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::producer::FutureProducer;
+use rdkafka::producer::{FutureProducer, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 
 const CUT: Cut = Cut {
@@ -201,4 +206,70 @@ async fn apache_kafka_the_transaction_check_passes_on_kafka_and_says_why_elsewhe
     config.set("bootstrap.servers", format!("127.0.0.1:{port}"));
     let e = tokio::task::block_in_place(|| check(&config, Duration::from_secs(3))).unwrap_err();
     assert!(e.contains("cannot run transactions"), "{e}");
+}
+
+/// A restore reads the changelog up to the log end it saw, past a transaction still open
+/// there: it waits for the transaction's outcome. (Read committed, the end would be where the
+/// transaction began: an exactly-once instance's firing that commits after the restore
+/// would be missed, and its record fired again by the new owner.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_restore_waits_for_a_transaction_open_in_the_changelog() {
+    let kafka = Kafka::start();
+    let source = unique("txn-src");
+    let group = unique("txn-group");
+    let brokers = kafka.brokers();
+    let flags = ["--brokers", brokers.as_str(), "--group-id", group.as_str()];
+    let config = RunArgs::try_parse_flags(flags).unwrap().validate().unwrap();
+    let changelog = Changelog::new(&config).unwrap();
+    let topic = changelog.topic_of(&source);
+    kafka.create_topic(&topic, 1).await;
+    let record = StoredRecord::new(1, "out", None, Some(b"k"), Some(b"v"), []);
+    let none: GroupMetadata = Arc::new(|| None);
+    let (writer, _task) =
+        Transactions::start(transactional(&kafka, &unique("w")), Setup::new(none, CUT)).unwrap();
+    let committed = vec![
+        changelog.out(&source, 0, &Entry::Record(0, &record)),
+        changelog.out(&source, 0, &Entry::SourceOffset(1)),
+    ];
+    writer.submit(committed, vec![]).await.expect("committed");
+    // The record's tombstone, in a transaction left open.
+    let open = transactional(&kafka, &unique("fire"));
+    let gone = changelog.out(&source, 0, &Entry::Gone(0));
+    tokio::task::block_in_place(|| {
+        open.init_transactions(Duration::from_secs(30)).unwrap();
+        open.begin_transaction().unwrap();
+    });
+    let key = gone.key.unwrap();
+    let rec = rdkafka::producer::FutureRecord::<[u8], [u8]>::to(&topic)
+        .partition(0)
+        .key(&key);
+    open.send(rec, Duration::from_secs(30))
+        .await
+        .expect("written");
+
+    let dir = tempfile::TempDir::new().unwrap();
+    let store = Arc::new(Store::open(dir.path(), StoreOptions::default()).unwrap());
+    let part = Part {
+        pid: store.partition_id(&source, 0).unwrap(),
+        topic,
+        partition: 0,
+        cancelled: Arc::default(),
+    };
+    let (tx, rx) = std::sync::mpsc::channel();
+    let s = store.clone();
+    std::thread::spawn(move || {
+        let r = restore(&config, &s, vec![part], Duration::from_secs(10), None);
+        let _ = tx.send(r.map(drop).map_err(|e| e.to_string()));
+    });
+    let early = tokio::task::block_in_place(|| rx.recv_timeout(Duration::from_secs(3)));
+    assert!(
+        early.is_err(),
+        "the restore ended while a transaction was open: {early:?}, {} pending",
+        store.pending()
+    );
+    tokio::task::block_in_place(|| open.commit_transaction(Duration::from_secs(30))).unwrap();
+    let done = tokio::task::block_in_place(|| rx.recv_timeout(Duration::from_secs(60)));
+    done.expect("the restore ended once the transaction committed")
+        .expect("restored");
+    assert_eq!(store.pending(), 0, "the committed tombstone was applied");
 }

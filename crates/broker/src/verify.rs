@@ -262,7 +262,11 @@ pub async fn run(args: &VerifyArgs) -> Result<Report, VerifyError> {
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, consumer.recv()).await {
             Ok(Ok(m)) => tally.observe(m.payload(), m.headers()),
-            Ok(Err(e)) => return Err(fail("consume")(e)),
+            // Kafka restarting, say: the consumer reconnects by itself.
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "consumer error; still reading");
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
             Err(_) => break,
         }
     }

@@ -27,6 +27,7 @@ pub(super) async fn start(
     store: &Arc<Store>,
     handoff: &Arc<Handoff>,
     consumer: &Arc<StreamConsumer<IngestContext>>,
+    metrics: crate::metrics::Metrics,
 ) -> Result<(), StartError> {
     let Some(id) = config.cluster.transactional_id.clone() else {
         return Ok(());
@@ -60,6 +61,17 @@ pub(super) async fn start(
         },
         owned: Some(owned),
         renew: Some(renew),
+        observe: Some(Arc::new(move |outcome, took| {
+            metrics
+                .broker
+                .transactions
+                .with_label_values(&[outcome])
+                .inc();
+            metrics
+                .broker
+                .transaction_seconds
+                .observe(took.as_secs_f64());
+        })),
     };
     let started = tokio::task::spawn_blocking(move || Transactions::start(producer, setup))
         .await

@@ -451,7 +451,7 @@ async fn start_ingest(
         handoff.clone(),
     )?);
     if let Some(h) = &handoff {
-        exactly::start(config, &shared.store, h, &consumer).await?;
+        exactly::start(config, &shared.store, h, &consumer, shared.metrics.clone()).await?;
     }
     if let (Some(h), Some(events)) = (&handoff, events) {
         let horizon = millis(config.wheel.horizon);

@@ -294,3 +294,51 @@ fn the_changelog_is_off_unless_asked_for_and_its_flags_are_checked() {
         "{e}"
     );
 }
+
+#[test]
+fn exactly_once_needs_the_changelog_a_stable_instance_id_and_a_real_cluster() {
+    let c = parse(&["--brokers", "k:9092", "--changelog"]).unwrap();
+    assert_eq!(c.cluster.transactional_id, None);
+    let c = parse(&[
+        "--brokers",
+        "k:9092",
+        "--changelog",
+        "--exactly-once",
+        "--instance-id",
+        "a",
+        "--group-id",
+        "g",
+    ])
+    .unwrap();
+    assert_eq!(c.cluster.transactional_id.as_deref(), Some("g-a"));
+    assert_eq!(c.cluster.transaction_records, 10_000);
+    let fails = |flags: &[&str], says: &str| {
+        let e = parse(flags).unwrap_err();
+        assert!(e.contains(says), "{flags:?}: {e}");
+    };
+    fails(
+        &["--brokers", "k:9092", "--exactly-once"],
+        "give --changelog too",
+    );
+    fails(
+        &["--embedded-kafka", "--exactly-once"],
+        "the embedded cluster cannot run transactions",
+    );
+    let stable = ["--brokers", "k:9092", "--changelog", "--exactly-once"];
+    fails(
+        &[&stable[..], &["--no-static-membership"]].concat(),
+        "give --instance-id",
+    );
+    fails(
+        &[&stable[..], &["--transaction-records", "0"]].concat(),
+        "--transaction-records",
+    );
+    fails(
+        &[&stable[..], &["--transaction-interval", "1m"]].concat(),
+        "--transaction-interval",
+    );
+    fails(
+        &[&stable[..], &["--kafka-config", "transactional.id=x"]].concat(),
+        "--exactly-once",
+    );
+}

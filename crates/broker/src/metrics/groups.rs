@@ -306,6 +306,10 @@ pub struct BrokerMetrics {
     pub standby_lag: IntGauge,
     /// Records still in flight when their partition was let go: they may fire again.
     pub handoff_unsettled: IntCounter,
+    /// With exactly-once: transactions by outcome.
+    pub transactions: IntCounterVec,
+    /// With exactly-once: a transaction's time from its first record written to its answer.
+    pub transaction_seconds: Histogram,
 }
 
 impl BrokerMetrics {
@@ -357,10 +361,24 @@ impl BrokerMetrics {
                 "Records still in flight when their partition was let go (after --handoff-wait): \
                  the new owner may fire them again.",
             )?,
+            transactions: r.counter_vec(
+                "kafka_delay_transactions_total",
+                "Kafka transactions (--exactly-once) by outcome: committed, aborted (records go \
+                 again), rejected (a record refused), stale (partitions moved), fenced.",
+                &["outcome"],
+            )?,
+            transaction_seconds: r.lateness(
+                "kafka_delay_transaction_seconds",
+                "Kafka transactions (--exactly-once): from the first record written to the commit \
+                 or abort.",
+            )?,
         };
         m.build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])
             .set(1);
+        for outcome in ["committed", "aborted", "rejected", "stale", "fenced"] {
+            m.transactions.with_label_values(&[outcome]);
+        }
         Ok(m)
     }
 }

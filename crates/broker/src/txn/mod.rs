@@ -1,0 +1,308 @@
+//! Kafka transactions, the building block of exactly-once firing: one transactional producer,
+//! and a loop that puts the work handed to it (records to write, a consumer group's offsets to
+//! commit) into transactions, one at a time. Work that queued up while the previous
+//! transaction committed goes in the next one, up to a number of records; every piece of work
+//! learns whether its transaction committed.
+//!
+//! A transaction's offsets go to the group coordinator with the consumer's group metadata
+//! (KIP-447): a member whose generation is over (its partitions were given to another member
+//! while it was cut off) cannot commit, and nothing it wrote in that transaction becomes
+//! visible to read_committed consumers. A newer producer with the same `transactional.id`
+//! fences an older one for good.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::ConsumerGroupMetadata;
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::OwnedHeaders;
+use rdkafka::producer::{FutureProducer, Producer};
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::store::Pid;
+
+mod run;
+
+/// A record to write in a transaction.
+#[derive(Debug, Clone, Default)]
+pub struct Out {
+    /// Topic.
+    pub topic: String,
+    /// Partition; `None` leaves it to the partitioner.
+    pub partition: Option<i32>,
+    /// Key.
+    pub key: Option<Vec<u8>>,
+    /// Value; `None` is a tombstone.
+    pub value: Option<Vec<u8>>,
+    /// Headers.
+    pub headers: Option<OwnedHeaders>,
+}
+
+/// Why work did not commit. In every case nothing of its transaction is visible to
+/// read_committed consumers.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TxnError {
+    /// The transaction was aborted (another piece's record, or the commit, failed); the work
+    /// may be handed in again as it is.
+    #[error("transaction aborted: {0}")]
+    Aborted(String),
+    /// This work's record at `index` was refused: handing it in again as it is fails again
+    /// if the refusal is permanent (an unknown topic, a record too large).
+    #[error("record {index} refused: {error}")]
+    Rejected {
+        /// The record's place in the work.
+        index: usize,
+        /// Kafka's refusal.
+        error: KafkaError,
+    },
+    /// The consumer's generation is over, or a partition of the work is no longer owned
+    /// here: its partitions belong to another member now.
+    #[error("the consumer group moved on (this member's partitions were reassigned): {0}")]
+    Stale(String),
+    /// A newer producer with the same `transactional.id` took over (or this process was
+    /// paused past its transaction timeout): nothing more commits until the producer is
+    /// renewed ([`Setup::renew`]).
+    #[error("fenced by a newer producer with the same transactional.id: {0}")]
+    Fenced(String),
+}
+
+impl TxnError {
+    /// The outcome's name in metrics.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            TxnError::Aborted(_) => "aborted",
+            TxnError::Rejected { .. } => "rejected",
+            TxnError::Stale(_) => "stale",
+            TxnError::Fenced(_) => "fenced",
+        }
+    }
+}
+
+/// How transactions are cut.
+#[derive(Debug, Clone, Copy)]
+pub struct Cut {
+    /// Longest a transaction keeps taking work that is still arriving.
+    pub interval: Duration,
+    /// Records after which a transaction is cut at once.
+    pub max_records: usize,
+    /// Longest a commit, abort or offset send may block.
+    pub timeout: Duration,
+}
+
+/// The consumer's group metadata, read when a transaction sends offsets.
+pub type GroupMetadata = Arc<dyn Fn() -> Option<ConsumerGroupMetadata> + Send + Sync>;
+
+/// Whether a source partition is still owned here.
+pub type Owned = Arc<dyn Fn(Pid) -> bool + Send + Sync>;
+
+/// Makes a new transactional producer (same `transactional.id`) after a fence.
+pub type Renew = Arc<dyn Fn() -> Result<FutureProducer, KafkaError> + Send + Sync>;
+
+/// Offsets to commit: (topic, partition, next offset).
+pub type Offsets = Vec<(String, i32, i64)>;
+
+/// Told every transaction's outcome (`committed`, `aborted`, `rejected`, `stale`, `fenced`)
+/// and how long it took.
+pub type Observe = Arc<dyn Fn(&'static str, Duration) + Send + Sync>;
+
+/// Run after a transaction committed, before any of its work hears so (blocking).
+pub type AfterCommit = Box<dyn FnOnce() + Send>;
+
+/// What the loop needs besides the producer.
+#[derive(Clone)]
+pub struct Setup {
+    /// The consumer group's metadata, sent with every transaction's offsets.
+    pub group: GroupMetadata,
+    /// How transactions are cut.
+    pub cut: Cut,
+    /// Checked once a transaction's records are acknowledged, before it commits: work for a
+    /// partition revoked meanwhile aborts the transaction.
+    pub owned: Option<Owned>,
+    /// After a fence, a new producer is made with this (once a second at most); without it
+    /// a fence is final.
+    pub renew: Option<Renew>,
+    /// Told each transaction's outcome.
+    pub observe: Option<Observe>,
+}
+
+impl Setup {
+    /// Group metadata and cut only: no ownership check, a fence is final.
+    pub fn new(group: GroupMetadata, cut: Cut) -> Self {
+        Self {
+            group,
+            cut,
+            owned: None,
+            renew: None,
+            observe: None,
+        }
+    }
+}
+
+impl std::fmt::Debug for Setup {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Setup")
+            .field("cut", &self.cut)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A piece of work: records to write and offsets to commit together.
+#[derive(Default)]
+pub struct Work {
+    /// Records to write.
+    pub records: Vec<Out>,
+    /// Offsets to commit.
+    pub offsets: Offsets,
+    /// Source partitions the work belongs to (see [`Setup::owned`]).
+    pub partitions: Vec<Pid>,
+    /// Run once the transaction committed, before the commit is answered.
+    pub after: Option<AfterCommit>,
+}
+
+/// A piece of work and where its answer goes.
+#[derive(Debug)]
+pub(crate) struct Queued {
+    pub(crate) work: Work,
+    pub(crate) done: oneshot::Sender<Result<Vec<i64>, TxnError>>,
+}
+
+/// Hands work to the transaction loop.
+#[derive(Debug, Clone)]
+pub struct Transactions {
+    tx: mpsc::Sender<Queued>,
+}
+
+impl std::fmt::Debug for Work {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Work")
+            .field("records", &self.records.len())
+            .field("offsets", &self.offsets)
+            .field("partitions", &self.partitions)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Transactions {
+    /// Initializes the transactions of `producer` (which has a `transactional.id`), fencing
+    /// any earlier producer with the same id and aborting what it left open, and starts the
+    /// loop. Blocks for at most `setup.cut.timeout`.
+    ///
+    /// # Errors
+    /// The cluster cannot run transactions, or did not answer within the timeout.
+    pub fn start(
+        producer: FutureProducer,
+        setup: Setup,
+    ) -> Result<(Self, JoinHandle<()>), KafkaError> {
+        producer.init_transactions(setup.cut.timeout)?;
+        let (tx, rx) = mpsc::channel(1024);
+        let task = tokio::spawn(run::run(producer, setup, rx));
+        Ok((Self { tx }, task))
+    }
+
+    /// Writes `records` and commits `offsets` in a transaction; returns once it committed or
+    /// failed.
+    ///
+    /// # Errors
+    /// See [`TxnError`]; the loop having stopped reads as [`TxnError::Fenced`].
+    pub async fn submit(&self, records: Vec<Out>, offsets: Offsets) -> Result<(), TxnError> {
+        self.commit(Work {
+            records,
+            offsets,
+            ..Work::default()
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Commits `work` in a transaction; returns the offset each of its records was written
+    /// at once it committed.
+    ///
+    /// # Errors
+    /// See [`TxnError`]; the loop having stopped reads as [`TxnError::Fenced`].
+    pub async fn commit(&self, work: Work) -> Result<Vec<i64>, TxnError> {
+        let (done, result) = oneshot::channel();
+        let gone = || TxnError::Fenced("the transaction loop has stopped".into());
+        self.tx
+            .send(Queued { work, done })
+            .await
+            .map_err(|_| gone())?;
+        result.await.map_err(|_| gone())?
+    }
+}
+
+/// What an error means for the work: fatal errors fence the producer; a group generation
+/// that is over makes the work stale; anything else aborts the transaction.
+pub(crate) fn classify(e: KafkaError) -> TxnError {
+    let text = e.to_string();
+    if let KafkaError::Transaction(t) = &e {
+        if t.is_fatal() {
+            return TxnError::Fenced(text);
+        }
+    }
+    match e.rdkafka_error_code() {
+        Some(
+            RDKafkaErrorCode::ProducerFenced
+            | RDKafkaErrorCode::InvalidProducerEpoch
+            | RDKafkaErrorCode::Fenced,
+        ) => TxnError::Fenced(text),
+        Some(
+            RDKafkaErrorCode::IllegalGeneration
+            | RDKafkaErrorCode::UnknownMemberId
+            | RDKafkaErrorCode::FencedInstanceId
+            | RDKafkaErrorCode::RebalanceInProgress,
+        ) => TxnError::Stale(text),
+        _ => TxnError::Aborted(text),
+    }
+}
+
+/// Whether the cluster at `config` runs transactions: a producer with a transactional id of
+/// its own initializes them (which needs the transaction coordinator and its state log).
+/// Blocking, for at most `timeout`.
+///
+/// # Errors
+/// A sentence saying that the cluster cannot, with librdkafka's reason.
+pub fn check(config: &ClientConfig, timeout: Duration) -> Result<(), String> {
+    let id = format!(
+        "kafka-delay-check-{}-{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    let producer: FutureProducer = config
+        .clone()
+        .set("transactional.id", &id)
+        .create()
+        .map_err(|e| format!("cannot create a transactional producer: {e}"))?;
+    producer.init_transactions(timeout).map_err(|e| {
+        format!(
+            "this Kafka cluster cannot run transactions ({e}): exactly-once needs Apache Kafka \
+             2.5 or later with its transaction state log available \
+             (transaction.state.log.replication.factor brokers up)"
+        )
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generation_errors_are_stale_and_producer_fencing_is_final() {
+        let code = |c| KafkaError::MessageProduction(c);
+        assert!(matches!(
+            classify(code(RDKafkaErrorCode::IllegalGeneration)),
+            TxnError::Stale(_)
+        ));
+        assert!(matches!(
+            classify(code(RDKafkaErrorCode::ProducerFenced)),
+            TxnError::Fenced(_)
+        ));
+        assert!(matches!(
+            classify(code(RDKafkaErrorCode::MessageTimedOut)),
+            TxnError::Aborted(_)
+        ));
+    }
+}
