@@ -24,7 +24,7 @@ use rdkafka::producer::FutureRecord;
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::Serialize;
 
-use super::harness::{config, paced, percentiles, Kafka};
+use super::harness::{paced, percentiles, Kafka};
 use super::recovery::Broker;
 use super::BenchError;
 use kafka_delay::clock::Clock as _;
@@ -105,16 +105,7 @@ async fn one_run(
     i: usize,
     mode: Option<&(String, String)>,
 ) -> Result<EosRun, BenchError> {
-    let name = format!("{}_{i}", kafka.run.replace('-', "_"));
-    let (source, target) = (
-        format!("delay.bench.eos.{name}"),
-        format!("bench.eos.out.{name}"),
-    );
-    let probe = config(&args.brokers, work.path(), &[])?;
-    let producer = kafka_delay::kafka::producer(&probe)?;
-    for t in [&source, &target, &"bench.dlt".to_owned()] {
-        kafka.create(t, &producer, &probe).await;
-    }
+    let (name, source, target) = super::instances::topics(kafka, work.path(), "eos", i).await?;
     let id = format!("eos-{name}");
     let mut flags = vec![
         "--changelog",

@@ -54,16 +54,7 @@ pub async fn run_instances(args: &InstancesArgs) -> Result<Vec<Run>, BenchError>
     let work = tempfile::TempDir::new()?;
     let mut runs = Vec::new();
     for (i, &n) in args.counts.iter().enumerate() {
-        let name = format!("{}_{i}", kafka.run.replace('-', "_"));
-        let (source, target) = (
-            format!("delay.bench.inst.{name}"),
-            format!("bench.inst.out.{name}"),
-        );
-        let probe = config(&args.brokers, work.path(), &[])?;
-        let producer = kafka_delay::kafka::producer(&probe)?;
-        for t in [&source, &target, &"bench.dlt".to_owned()] {
-            kafka.create(t, &producer, &probe).await;
-        }
+        let (name, source, target) = topics(&kafka, work.path(), "inst", i).await?;
         let group = format!("bench-inst-{name}");
         let pattern = format!("^{}$", source.replace('.', "\\."));
         let mut brokers = Vec::new();
@@ -108,6 +99,26 @@ pub async fn run_instances(args: &InstancesArgs) -> Result<Vec<Run>, BenchError>
         );
     }
     Ok(runs)
+}
+
+/// The run's name and its source and target topics (`kind` names the benchmark), created.
+pub(super) async fn topics(
+    kafka: &Kafka,
+    work: &std::path::Path,
+    kind: &str,
+    i: usize,
+) -> Result<(String, String, String), BenchError> {
+    let name = format!("{}_{i}", kafka.run.replace('-', "_"));
+    let (source, target) = (
+        format!("delay.bench.{kind}.{name}"),
+        format!("bench.{kind}.out.{name}"),
+    );
+    let probe = config(&kafka.brokers, work, &[])?;
+    let producer = kafka_delay::kafka::producer(&probe)?;
+    for t in [&source, &target, &"bench.dlt".to_owned()] {
+        kafka.create(t, &producer, &probe).await;
+    }
+    Ok((name, source, target))
 }
 
 /// Waits until every broker owns some partitions and all twelve are owned.

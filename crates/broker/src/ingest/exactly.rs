@@ -85,26 +85,7 @@ impl Ingest {
         dead: &[DeadLetter],
         valueless: &HashSet<usize>,
     ) -> (Work, Vec<Pid>) {
-        let mut by_pid: HashMap<Pid, Vec<Entry<'_>>> = HashMap::new();
-        for op in ops {
-            if let IngestOp::Schedule {
-                pid,
-                offset,
-                schedule,
-            } = op
-            {
-                by_pid
-                    .entry(*pid)
-                    .or_default()
-                    .push(Entry::Record(*offset, schedule));
-            }
-        }
-        for rid in &applied.removed {
-            by_pid
-                .entry(rid.pid())
-                .or_default()
-                .push(Entry::Gone(rid.offset()));
-        }
+        let mut by_pid = super::changes_by_pid(ops, applied);
         let mut work = Work::default();
         let mut changelog = Vec::new();
         for (pid, &(topic, partition, offset)) in last {

@@ -436,26 +436,7 @@ impl Ingest {
         applied: &Applied,
         last: &HashMap<Pid, (&str, i32, i64)>,
     ) -> bool {
-        let mut by_pid: HashMap<Pid, Vec<Entry<'_>>> = HashMap::new();
-        for op in ops {
-            if let IngestOp::Schedule {
-                pid,
-                offset,
-                schedule,
-            } = op
-            {
-                by_pid
-                    .entry(*pid)
-                    .or_default()
-                    .push(Entry::Record(*offset, schedule));
-            }
-        }
-        for rid in &applied.removed {
-            by_pid
-                .entry(rid.pid())
-                .or_default()
-                .push(Entry::Gone(rid.offset()));
-        }
+        let mut by_pid = changes_by_pid(ops, applied);
         for (pid, &(topic, partition, offset)) in last {
             let entries = by_pid.entry(*pid).or_default();
             entries.push(Entry::SourceOffset(offset + 1));
@@ -486,6 +467,32 @@ impl Ingest {
         }
         true
     }
+}
+
+/// What a group changed, per source partition, as changelog entries: its records, then what
+/// they removed (replaced or cancelled).
+fn changes_by_pid<'a>(ops: &'a [IngestOp], applied: &Applied) -> HashMap<Pid, Vec<Entry<'a>>> {
+    let mut by_pid: HashMap<Pid, Vec<Entry<'a>>> = HashMap::new();
+    for op in ops {
+        if let IngestOp::Schedule {
+            pid,
+            offset,
+            schedule,
+        } = op
+        {
+            by_pid
+                .entry(*pid)
+                .or_default()
+                .push(Entry::Record(*offset, schedule));
+        }
+    }
+    for rid in &applied.removed {
+        by_pid
+            .entry(rid.pid())
+            .or_default()
+            .push(Entry::Gone(rid.offset()));
+    }
+    by_pid
 }
 
 #[cfg(test)]
