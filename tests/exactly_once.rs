@@ -180,12 +180,12 @@ async fn apache_kafka_exactly_once_through_rebalance_churn_of_three_instances() 
 }
 
 /// Two instances on a Kafka broker of their own, which is killed (SIGKILL) while records come
-/// due and restarted 35 s later (past the producers' 30 s message timeout and the 10 s
+/// due (2,000 a second) and restarted 35 s later (past the producers' 30 s message timeout and the 10 s
 /// transaction timeout).
 async fn kafka_restart(mode: &'static [&'static str]) -> (Value, String) {
     let broker = Private::start();
     let g = Group::start(Kafka::External(broker.brokers().to_owned()), 2, 4, mode).await;
-    let verify = g.verify(30_000, 60);
+    let verify = g.verify(120_000, 60);
     tokio::time::sleep(Duration::from_secs(20)).await;
     broker.kill();
     tokio::time::sleep(Duration::from_secs(35)).await;
