@@ -93,11 +93,11 @@ pub(super) async fn run(producer: FutureProducer, setup: Setup, mut rx: mpsc::Re
 
 /// After a fence, a new producer (at most once a second), when the setup can make one.
 async fn renewed(producing: Producing, setup: &Setup) -> Producing {
-    let Producing::Fenced(why, at) = producing else {
+    let Producing::Fenced(_, at) = producing else {
         return producing;
     };
     let Some(renew) = setup.renew.clone().filter(|_| at.elapsed() >= RENEW_EVERY) else {
-        return Producing::Fenced(why, at);
+        return producing;
     };
     let timeout = setup.cut.timeout;
     let made = tokio::task::spawn_blocking(move || {
@@ -111,9 +111,18 @@ async fn renewed(producing: Producing, setup: &Setup) -> Producing {
             info!("transactional producer renewed after a fence");
             Producing::Ready(p)
         }
-        Ok(Err(e)) => Producing::Fenced(format!("{why}; renewing it failed: {e}"), Instant::now()),
-        Err(e) => Producing::Fenced(format!("{why}; renewing it failed: {e}"), Instant::now()),
+        Ok(Err(e)) => renewal_failed(&e.to_string()),
+        Err(e) => renewal_failed(&e.to_string()),
     }
+}
+
+/// A renewal that failed is tried again a second later; meanwhile work is refused as fenced.
+fn renewal_failed(e: &str) -> Producing {
+    warn!(error = %e, "cannot renew the fenced transactional producer; trying again in a second");
+    Producing::Fenced(
+        format!("the producer was fenced and renewing it failed: {e}"),
+        Instant::now(),
+    )
 }
 
 /// The records of a batch, and its offsets merged (the highest per partition).
@@ -183,8 +192,13 @@ fn answers(
     failure: Failure,
     abort_failed: Option<TxnError>,
 ) -> Vec<Result<Vec<i64>, TxnError>> {
-    if let Some(e @ TxnError::Fenced(_)) = abort_failed {
-        return vec![Err(e); works.len()];
+    // A producer that could not abort is in no state to begin again: it is renewed.
+    if let Some(e) = abort_failed {
+        let fenced = match e {
+            TxnError::Fenced(_) => e,
+            other => TxnError::Fenced(format!("the abort failed: {other}")),
+        };
+        return vec![Err(fenced); works.len()];
     }
     let whole = match &failure {
         Failure::Whole(e) => e.clone(),
@@ -350,13 +364,14 @@ mod tests {
         let got = answers(&batch, Failure::NotOwned(2), None);
         assert!(matches!(got[2], Err(TxnError::Stale(_))), "{:?}", got[2]);
         assert!(matches!(got[0], Err(TxnError::Aborted(_))), "{:?}", got[0]);
-        // An abort that fails with a fence fences every piece.
-        let got = answers(
-            &batch,
-            Failure::NotOwned(2),
-            Some(TxnError::Fenced("x".into())),
-        );
-        assert!(got.iter().all(|r| matches!(r, Err(TxnError::Fenced(_)))));
+        // An abort that fails fences every piece (the producer is renewed).
+        for abort in [
+            TxnError::Fenced("x".into()),
+            TxnError::Aborted("timed out".into()),
+        ] {
+            let got = answers(&batch, Failure::NotOwned(2), Some(abort));
+            assert!(got.iter().all(|r| matches!(r, Err(TxnError::Fenced(_)))));
+        }
     }
 
     #[test]
