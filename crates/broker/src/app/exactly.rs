@@ -76,13 +76,8 @@ pub(super) async fn start(
     let started = tokio::task::spawn_blocking(move || Transactions::start(producer, setup))
         .await
         .map_err(|e| StartError::Transactions(e.to_string()))?;
-    let (transactions, _task) = started.map_err(|e| {
-        StartError::Transactions(format!(
-            "this Kafka cluster cannot run transactions ({e}): --exactly-once needs Apache \
-             Kafka 2.5 or later with its transaction state log available \
-             (transaction.state.log.replication.factor brokers up)"
-        ))
-    })?;
+    let (transactions, _task) =
+        started.map_err(|e| StartError::Transactions(crate::txn::cannot_run(&e)))?;
     store.protect_claimed();
     handoff.set_transactions(transactions);
     info!(transactional_id = %id, records = config.cluster.transaction_records,

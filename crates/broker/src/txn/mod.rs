@@ -276,13 +276,18 @@ pub fn check(config: &ClientConfig, timeout: Duration) -> Result<(), String> {
         .set("transactional.id", &id)
         .create()
         .map_err(|e| format!("cannot create a transactional producer: {e}"))?;
-    producer.init_transactions(timeout).map_err(|e| {
-        format!(
-            "this Kafka cluster cannot run transactions ({e}): exactly-once needs Apache Kafka \
-             2.5 or later with its transaction state log available \
-             (transaction.state.log.replication.factor brokers up)"
-        )
-    })
+    producer
+        .init_transactions(timeout)
+        .map_err(|e| cannot_run(&e))
+}
+
+/// What a cluster's refusal to initialize transactions means, for the start-up error.
+pub fn cannot_run(e: &KafkaError) -> String {
+    format!(
+        "this Kafka cluster cannot run transactions ({e}): --exactly-once needs Apache Kafka \
+         2.5 or later with its transaction state log available \
+         (transaction.state.log.replication.factor brokers up)"
+    )
 }
 
 #[cfg(test)]
