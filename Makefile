@@ -63,6 +63,7 @@ lint: deps
 	else echo "lint: cargo clippy is not installed here; clippy is SKIPPED"; fi
 	python3 scripts/imports.py
 	python3 scripts/sizes.py
+	python3 scripts/mode.py
 	bash scripts/layering.sh
 
 # Tests named apache_kafka_* need a real Kafka: they run in the second pass. Tests named

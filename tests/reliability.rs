@@ -17,8 +17,8 @@ use std::time::{Duration, Instant};
 
 use common::procs::*;
 use common::*;
-use kafka_delay::clock::OffsetClock;
 use kafka_delay::verify::{Report, Tally};
+use kafka_delay_core::clock::OffsetClock;
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tempfile::TempDir;
@@ -122,7 +122,7 @@ fn tally(n: usize, start: u64, spacing_ms: u64) -> (Arc<Mutex<Tally>>, Vec<u64>)
 
 /// A deterministic "random" sequence (SplitMix64).
 fn jitter(seed: u64, lo: u64, hi: u64) -> u64 {
-    lo + (kafka_delay::retry::unit_interval(seed) * (hi - lo) as f64) as u64
+    lo + (kafka_delay_core::retry::unit_interval(seed) * (hi - lo) as f64) as u64
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -12,10 +12,12 @@ use std::time::Duration;
 
 use common::{collect, reader, unique, Kafka};
 use kafka_delay::changelog::restore::{restore, Part};
-use kafka_delay::changelog::{Changelog, Entry};
+use kafka_delay::changelog::Changelog;
 use kafka_delay::config::RunArgs;
-use kafka_delay::store::{Store, StoreOptions, StoredRecord};
+use kafka_delay::store::{Store, StoreOptions};
 use kafka_delay::txn::{check, Cut, GroupMetadata, Out, Setup, Transactions, TxnError};
+use kafka_delay_core::changelog::Entry;
+use kafka_delay_core::record::StoredRecord;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::producer::{FutureProducer, Producer};

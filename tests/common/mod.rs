@@ -13,9 +13,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use kafka_delay::app::{self, Running};
-use kafka_delay::clock::{Clock, SystemClock};
 use kafka_delay::config::{Config, RunArgs};
 use kafka_delay::kafka::Embedded;
+use kafka_delay_core::clock::{Clock, SystemClock};
 use prometheus::Registry;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;

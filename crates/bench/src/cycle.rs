@@ -21,8 +21,9 @@ use rocksdb::{WriteBatch, DB};
 
 use super::fill::FillError;
 use super::harness::median;
-use kafka_delay::record::StoredRecord;
-use kafka_delay::store::{IngestOp, Pid, RecordId, Store, StoreOptions};
+use kafka_delay::store::{IngestOp, Store, StoreOptions};
+use kafka_delay_core::id::{Pid, RecordId};
+use kafka_delay_core::record::StoredRecord;
 
 /// Flags of `kafka-delay-bench store-cycle`.
 #[derive(Debug, Args)]

@@ -27,8 +27,8 @@ use serde::Serialize;
 use super::harness::{paced, percentiles, Kafka};
 use super::recovery::Broker;
 use super::BenchError;
-use kafka_delay::clock::Clock as _;
-use kafka_delay::time::parse_duration_ms;
+use kafka_delay_core::clock::Clock as _;
+use kafka_delay_core::time::parse_duration_ms;
 
 /// Flags of `kafka-delay-bench exactly-once`.
 #[derive(Debug, clap::Args)]
@@ -247,7 +247,7 @@ impl Arrivals {
                 let Some(Ok(msg)) = consumer.poll(Duration::from_millis(50)) else {
                     continue;
                 };
-                let now = kafka_delay::clock::SystemClock.now_ms();
+                let now = kafka_delay_core::clock::SystemClock.now_ms();
                 let due = msg.headers().and_then(|h| {
                     h.iter()
                         .find(|h| h.key == "delay-due-ms")

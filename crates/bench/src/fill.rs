@@ -7,10 +7,10 @@ use std::time::Instant;
 
 use clap::Args;
 
-use kafka_delay::clock::{Clock, SystemClock};
-use kafka_delay::record::StoredRecord;
 use kafka_delay::store::{IngestOp, Store, StoreError, StoreOptions};
-use kafka_delay::time::parse_duration_ms;
+use kafka_delay_core::clock::{Clock, SystemClock};
+use kafka_delay_core::record::StoredRecord;
+use kafka_delay_core::time::parse_duration_ms;
 
 /// Flags of `kafka-delay-bench fill`.
 #[derive(Debug, Args)]

@@ -72,7 +72,7 @@ pub fn head_seek(args: &HeadSeekArgs) -> Result<HeadSeek, FillError> {
     let mut deleted = 0u64;
     // The publisher deletes what the wheel handed out; the wheel never reads the index again
     // below where it has loaded, so neither does this loop.
-    let mut from = (0, kafka_delay::store::RecordId(0));
+    let mut from = (0, kafka_delay_core::id::RecordId(0));
     while deleted < to_delete {
         let n = FILL_BATCH.min(to_delete - deleted) as usize;
         let page = store.due_range(from, u64::MAX, n)?;

@@ -30,7 +30,7 @@ use rdkafka::{Offset, TopicPartitionList};
 
 use super::harness::{config, Kafka};
 use super::{fill, BenchError, FillArgs};
-use kafka_delay::time::parse_duration_ms;
+use kafka_delay_core::time::parse_duration_ms;
 
 /// Flags of `kafka-delay-bench recovery`.
 #[derive(Debug, Args)]

@@ -20,7 +20,7 @@ use super::harness::{config, Kafka};
 use super::machine::Stopwatch;
 use super::BenchError;
 use kafka_delay::app;
-use kafka_delay::clock::SystemClock;
+use kafka_delay_core::clock::SystemClock;
 
 /// Flags of `kafka-delay-bench restore`.
 #[derive(Debug, clap::Args)]

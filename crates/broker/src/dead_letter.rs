@@ -12,9 +12,10 @@ use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use tracing::warn;
 
+use crate::backoff::Backoff;
 use crate::kafka::headers_to;
 use crate::metrics::Metrics;
-use crate::record::{names, Header, Reject};
+use kafka_delay_core::record::{names, Header, Reject};
 
 /// Where a record came from.
 #[derive(Debug, Clone)]
@@ -80,6 +81,15 @@ impl std::fmt::Debug for DeadLetters {
             .field("topic", &self.topic)
             .finish_non_exhaustive()
     }
+}
+
+/// Whether Kafka refused a record for its size: a dead letter so refused goes again without
+/// its value (the rule every path that writes dead letters follows).
+pub fn too_large(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize)
+    )
 }
 
 /// The headers of a dead letter: the record's own, then the reason and the origin.
@@ -191,11 +201,10 @@ impl DeadLetters {
             }
         }
         for dl in failed {
-            let mut pause = Duration::from_secs(1);
+            let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
             while let Err(e) = self.deliver(dl, max_wait).await {
                 tracing::error!(error = %e, "cannot write a dead letter; consumption paused until it succeeds");
-                tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(30));
+                backoff.wait().await;
             }
         }
     }
@@ -238,7 +247,7 @@ impl DeadLetters {
         let started = tokio::time::Instant::now();
         let mut headers = dead_letter_headers(dl);
         let mut value = dl.value.as_deref();
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::new(Duration::from_millis(100), Duration::from_secs(5));
         loop {
             let err = match self.send_once(dl, &headers, value).await {
                 Ok(()) => {
@@ -251,10 +260,7 @@ impl DeadLetters {
                 }
                 Err(e) => e,
             };
-            let too_large = matches!(
-                err.rdkafka_error_code(),
-                Some(RDKafkaErrorCode::MessageSizeTooLarge | RDKafkaErrorCode::InvalidMessageSize)
-            );
+            let too_large = too_large(&err);
             if too_large && value.is_some() {
                 warn!(
                     topic = %self.topic, origin = %dl.origin.topic, partition = dl.origin.partition,
@@ -287,10 +293,10 @@ impl DeadLetters {
                 .produce_errors
                 .with_label_values(&["dead_letter"])
                 .inc();
-            warn!(topic = %self.topic, error = %err, retry_in_ms = backoff.as_millis() as u64,
+            let pause = backoff.next_pause();
+            warn!(topic = %self.topic, error = %err, retry_in_ms = pause.as_millis() as u64,
                   "dead letter not written yet; retrying");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+            tokio::time::sleep(pause).await;
         }
     }
 }

@@ -57,21 +57,42 @@ async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
     )
 }
 
-/// Binds `addr` and serves until `shutdown` turns true. Returns the bound address (useful with
-/// port 0) and the server task.
+/// Binds `addr`: the listener and the bound address (useful with port 0), known before the
+/// rest of the broker is built (the other instances are told it).
 ///
 /// # Errors
 /// The bind error, when the address is taken or not allowed.
-pub async fn serve(
-    addr: SocketAddr,
+pub async fn bind(addr: SocketAddr) -> std::io::Result<(tokio::net::TcpListener, SocketAddr)> {
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let bound = listener.local_addr()?;
+    Ok((listener, bound))
+}
+
+/// Where the other instances reach this one's HTTP server: the configured address
+/// (`--advertised-http-addr`), else the address it listens on (this host's name for every
+/// interface).
+pub fn advertised(configured: Option<&str>, bound: SocketAddr) -> String {
+    configured.map(str::to_owned).unwrap_or_else(|| {
+        if bound.ip().is_unspecified() {
+            let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+                .map(|h| h.trim().to_owned())
+                .unwrap_or_else(|_| "localhost".into());
+            format!("{host}:{}", bound.port())
+        } else {
+            bound.to_string()
+        }
+    })
+}
+
+/// Serves on `listener` until `shutdown` turns true; returns the server task.
+pub fn serve(
+    listener: tokio::net::TcpListener,
     health: Health,
     registry: Registry,
     on_scrape: OnScrape,
     api: Router,
     mut shutdown: watch::Receiver<bool>,
-) -> std::io::Result<(SocketAddr, tokio::task::JoinHandle<()>)> {
-    let listener = tokio::net::TcpListener::bind(addr).await?;
-    let bound = listener.local_addr()?;
+) -> tokio::task::JoinHandle<()> {
     let app = Router::new()
         .route("/healthz", get(healthz))
         .route("/readyz", get(readyz))
@@ -82,7 +103,7 @@ pub async fn serve(
             on_scrape,
         })
         .merge(api);
-    let task = tokio::spawn(async move {
+    tokio::spawn(async move {
         let stop = async move {
             let _ = shutdown.wait_for(|s| *s).await;
         };
@@ -92,6 +113,5 @@ pub async fn serve(
         {
             tracing::error!(error = %e, "HTTP server failed");
         }
-    });
-    Ok((bound, task))
+    })
 }

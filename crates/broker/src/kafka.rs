@@ -112,9 +112,9 @@ pub fn producer_config(config: &Config) -> ClientConfig {
 pub const TRANSACTION_TIMEOUT_MS: &str = "10000";
 
 /// The transactional producer of exactly-once firing: [`producer_config`]'s settings with
-/// `transactional_id`, a transaction timeout (default [`TRANSACTION_TIMEOUT_MS`]), and records
+/// `id` as its `transactional.id`, a transaction timeout (default [`TRANSACTION_TIMEOUT_MS`]), and records
 /// given up within it.
-pub fn transactional_producer_config(config: &Config, transactional_id: &str) -> ClientConfig {
+pub fn transactional_producer_config(config: &Config, id: &str) -> ClientConfig {
     let mut c = producer_config(config);
     set_default(
         &mut c,
@@ -126,7 +126,7 @@ pub fn transactional_producer_config(config: &Config, transactional_id: &str) ->
         .get("transaction.timeout.ms")
         .unwrap_or(TRANSACTION_TIMEOUT_MS)
         .to_owned();
-    c.set("transactional.id", transactional_id)
+    c.set("transactional.id", id)
         .set("message.timeout.ms", timeout);
     c
 }

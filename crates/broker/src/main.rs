@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use kafka_delay::clock::SystemClock;
 use kafka_delay::config::{Config, RunArgs};
 use kafka_delay::kafka::Embedded;
+use kafka_delay_core::clock::SystemClock;
 use prometheus::Registry;
 use tokio::signal::unix::{signal, SignalKind};
 

@@ -17,7 +17,7 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use crate::config::parse::duration;
 use crate::config::{millis, parse_kafka_prop, KafkaProp};
-use crate::record::names;
+use kafka_delay_core::record::names;
 
 /// What arrived for one planned record.
 #[derive(Debug, Clone, Copy, Default)]

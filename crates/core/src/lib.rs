@@ -6,6 +6,8 @@
 //! - [`wheel`]: the hierarchical timing wheel of pending ids (O(1) insert and cancel).
 //! - [`limit`]: fire rate limits (GCRA buckets per target and global, spread windows).
 //! - [`time`]: durations and times as the headers and flags write them.
+//! - [`changelog`]: the changelog's entries and the checkpoint of the position a local store
+//!   reflects, as bytes.
 //! - [`id`], [`clock`], [`hashing`]: record identity, time as epoch milliseconds, and the
 //!   hasher of the hot maps.
 //!
@@ -14,6 +16,7 @@
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
+pub mod changelog;
 pub mod clock;
 pub mod hashing;
 pub mod id;

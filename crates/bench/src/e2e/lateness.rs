@@ -16,8 +16,8 @@ use crate::harness::{bucket_bounds, config, paced, percentiles, Kafka};
 use crate::machine::MachineTicks;
 use crate::BenchError;
 use kafka_delay::app;
-use kafka_delay::clock::{Clock, SystemClock};
 use kafka_delay::kafka;
+use kafka_delay_core::clock::{Clock, SystemClock};
 
 /// A sweep step keeps up when every record arrives and fire p99 is within this.
 const KEPT_UP_FIRE_P99_MS: u64 = 100;

@@ -35,7 +35,7 @@ use clap::Args;
 
 use super::harness::Kafka;
 use super::BenchError;
-use kafka_delay::time::parse_duration_ms;
+use kafka_delay_core::time::parse_duration_ms;
 
 /// Flags of `kafka-delay-bench e2e`.
 #[derive(Debug, Args)]

@@ -18,8 +18,8 @@ use rdkafka::ClientContext;
 use super::PlainLoad;
 use crate::harness::{config, paced, percentiles, Kafka};
 use crate::BenchError;
-use kafka_delay::clock::{Clock, SystemClock};
 use kafka_delay::kafka;
+use kafka_delay_core::clock::{Clock, SystemClock};
 
 /// Delivery reports of a plain producer: each record's send-to-acknowledgement time, taken in
 /// the delivery callback as the broker's publisher takes its own.

@@ -16,9 +16,9 @@ use crate::harness::{config, median, Kafka};
 use crate::machine::{Span, Stopwatch};
 use crate::BenchError;
 use kafka_delay::app;
-use kafka_delay::clock::SystemClock;
 use kafka_delay::config::Config;
 use kafka_delay::kafka;
+use kafka_delay_core::clock::SystemClock;
 
 /// The header of the table whose rows [`Kafka::throughput`] prints.
 pub(super) fn print_header() {
@@ -260,7 +260,7 @@ impl Kafka {
         opts.set_max_background_jobs(2);
         opts.set_compression_type(rocksdb::DBCompressionType::Lz4);
         let db = Arc::new(rocksdb::DB::open(&opts, dir.path().join("floor"))?);
-        let group_size = kafka_delay::ingest::max_group(false);
+        let group_size = kafka_delay::durability::FREE_GROUP;
         let window = config.fire.in_flight;
         let mut acks = std::collections::VecDeque::new();
         let mut acked = rocksdb::WriteBatch::default();

@@ -5,11 +5,11 @@ use axum::extract::State;
 use axum::http::HeaderMap;
 use axum::Json;
 use serde::Deserialize;
-use serde_json::json;
 
+use super::answers::{value, BulkResult};
 use super::records::{elsewhere, select, Filter, When};
 use super::{bad, internal, Admin, ApiError, ApiResult, MAX_BULK};
-use crate::store::RecordId;
+use kafka_delay_core::id::RecordId;
 
 /// A bulk request: the filter, and for reschedule the new time.
 #[derive(Debug, Deserialize)]
@@ -54,9 +54,12 @@ pub(super) fn bulk(
     for batch in ids.chunks(BATCH) {
         changed += act(batch)?;
     }
-    Ok(Json(
-        json!({ "matched": rows.len(), "changed": changed, "more": next.is_some() }),
-    ))
+    Ok(Json(value(&BulkResult {
+        matched: rows.len(),
+        changed,
+        more: next.is_some(),
+        elsewhere: None,
+    })))
 }
 
 pub(super) fn bulk_what(f: &Filter) -> String {
@@ -75,8 +78,8 @@ pub(super) async fn off_runtime(f: impl FnOnce() -> ApiResult + Send + 'static) 
 /// A bulk answer, with a changelog naming the instances whose records it did not cover.
 async fn and_elsewhere(a: &Admin, answer: ApiResult) -> ApiResult {
     let Json(mut v) = answer?;
-    if a.handoff.is_some() {
-        v["elsewhere"] = elsewhere(a).await;
+    if let Some(others) = elsewhere(a).await {
+        v["elsewhere"] = value(&others);
     }
     Ok(Json(v))
 }

@@ -16,7 +16,7 @@ use hyper::body::Bytes;
 use serde_json::Value;
 
 use super::{internal, Admin, ApiError, ApiResult};
-use crate::store::RecordId;
+use kafka_delay_core::id::RecordId;
 
 /// Set on a request one instance sends on to another: the receiver answers it or says why
 /// not, and never sends it on again.
@@ -95,9 +95,10 @@ pub(super) async fn forward(
             format!("no pending record {}:{}:{}", r.topic, r.partition, r.offset),
         )
     };
-    let Some(h) = a.handoff.clone() else {
+    let cluster = a.cluster.clone();
+    if cluster.this().is_none() {
         return Err(not_pending());
-    };
+    }
     if headers.contains_key(FORWARDED_BY) {
         return Err(ApiError(
             StatusCode::MISDIRECTED_REQUEST,
@@ -107,10 +108,11 @@ pub(super) async fn forward(
             ),
         ));
     }
-    let owners = tokio::task::spawn_blocking(move || h.owners())
+    let owners = tokio::task::spawn_blocking(move || cluster.owners())
         .await
         .map_err(internal)?
-        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e))?;
+        .ok_or_else(not_pending)?
+        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
     let part = (r.topic.clone(), r.partition);
     let Some(owner) = owners.iter().find(|o| o.partitions.contains(&part)) else {
         return Err(ApiError(
@@ -122,7 +124,7 @@ pub(super) async fn forward(
             ),
         ));
     };
-    let this = a.handoff.as_ref().and_then(|h| h.advertised());
+    let this = a.cluster.this();
     let Some(http) = owner.http.as_deref().filter(|h| Some(*h) != this) else {
         return Err(ApiError(
             StatusCode::SERVICE_UNAVAILABLE,

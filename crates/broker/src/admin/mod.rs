@@ -12,6 +12,7 @@
 //! skipped when it comes up (the record's due time no longer matches it), so nothing fires
 //! early and nothing fires twice.
 
+pub mod answers;
 mod bulk;
 pub mod console;
 mod forward;
@@ -31,10 +32,13 @@ use bulk::{bulk_cancel, bulk_fire, bulk_reschedule};
 pub(crate) use records::text;
 use records::{cancel, fire, list, owners, reschedule, show};
 
-use crate::clock::Clock;
+use crate::changelog::owners::Owner;
+use crate::changelog::GroupError;
 use crate::metrics::Metrics;
 use crate::scheduler::{Inserts, Wake};
-use crate::store::{RecordId, Store};
+use crate::store::Store;
+use kafka_delay_core::clock::Clock;
+use kafka_delay_core::id::RecordId;
 
 /// Routes of the API, as (method, path) in the OpenAPI document's notation.
 pub const ROUTES: [(&str, &str); 9] = [
@@ -88,8 +92,30 @@ pub struct Admin {
     pub max_delay_ms: u64,
     /// What the web console's part of the API reads.
     pub console: console::Console,
-    /// With a changelog: operators' changes are written there before they are answered.
-    pub handoff: Option<Arc<crate::changelog::handoff::Handoff>>,
+    /// The rest of the group, as the durability mode sees it.
+    pub cluster: Arc<dyn Cluster>,
+}
+
+/// The rest of the group and what operators' changes owe it, as the durability mode sees it.
+/// Built once at start (see `crate::durability`).
+pub trait Cluster: Send + Sync + std::fmt::Debug {
+    /// Where this instance's HTTP server is reached by the others (with several instances).
+    fn this(&self) -> Option<&str>;
+    /// Every member of the group with its HTTP address and partitions, as the group
+    /// coordinator says (blocking); `None` where this instance holds every record of its
+    /// group.
+    fn owners(&self) -> Option<Result<Vec<Owner>, GroupError>>;
+    /// Makes operators' changes safe beyond this instance (blocking; called after `store`
+    /// made them): records `moved` (as they are now) and `cancelled`.
+    ///
+    /// # Errors
+    /// What refused them; the change stands here.
+    fn log_changes(
+        &self,
+        store: &Store,
+        moved: &[RecordId],
+        cancelled: &[RecordId],
+    ) -> Result<(), GroupError>;
 }
 
 impl std::fmt::Debug for Admin {
@@ -208,26 +234,17 @@ impl Admin {
         result
     }
 
-    /// Writes changes the store made to the changelog (with one): records moved, as they are
+    /// Makes changes the store made safe beyond this instance: records moved, as they are
     /// now, and records cancelled.
     fn log_changes(&self, moved: &[RecordId], cancelled: &[RecordId]) -> Result<(), ApiError> {
-        let Some(h) = &self.handoff else {
-            return Ok(());
-        };
-        let now = self.store.get(moved).map_err(internal)?;
-        let changes: Vec<(RecordId, Option<crate::store::StoredRecord>)> = moved
-            .iter()
-            .copied()
-            .zip(now)
-            .filter(|(_, r)| r.is_some())
-            .chain(cancelled.iter().map(|rid| (*rid, None)))
-            .collect();
-        h.write_now(&changes).map_err(|e| {
-            ApiError(
-                StatusCode::SERVICE_UNAVAILABLE,
-                format!("changed here, but not confirmed by the changelog ({e}); try again"),
-            )
-        })
+        self.cluster
+            .log_changes(&self.store, moved, cancelled)
+            .map_err(|e| {
+                ApiError(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    format!("changed here, but not confirmed by the changelog ({e}); try again"),
+                )
+            })
     }
 
     fn wake(&self, entries: Vec<(u64, RecordId)>) {
@@ -249,5 +266,7 @@ impl Admin {
     }
 }
 
+#[cfg(test)]
+mod schema_tests;
 #[cfg(test)]
 mod tests;

@@ -5,12 +5,18 @@ use axum::extract::{Path, Query, State};
 use axum::http::{HeaderMap, Method, StatusCode, Uri};
 use axum::Json;
 use serde::Deserialize;
-use serde_json::{json, Value};
+use serde_json::Value;
 
+use super::answers::{
+    value, Cancelled, Elsewhere, HeaderText, Listing, Member, Moved, Owners, Record, Source,
+    Summary,
+};
 use super::forward::{forward, locate, Located};
 use super::{bad, internal, Admin, ApiError, ApiResult, MAX_PAGE, SCAN_BUDGET};
-use crate::store::{Position, RecordId, Store, StoredRecord};
-use crate::time::{parse_duration_ms, parse_epoch_ms_or_rfc3339};
+use crate::store::{Position, Store};
+use kafka_delay_core::id::RecordId;
+use kafka_delay_core::record::StoredRecord;
+use kafka_delay_core::time::{parse_duration_ms, parse_epoch_ms_or_rfc3339};
 
 /// A record id in the API: 16 hex digits.
 pub(super) fn parse_id(text: &str) -> Result<RecordId, ApiError> {
@@ -31,16 +37,20 @@ pub(super) fn rfc3339(ms: u64) -> String {
         .unwrap_or_default()
 }
 
-pub(super) fn summary(store: &Store, rid: RecordId, due_ms: u64, target: &str) -> Value {
+pub(super) fn summary(store: &Store, rid: RecordId, due_ms: u64, target: &str) -> Summary {
     let (topic, partition) = store.partition_of(rid.pid()).unwrap_or_default();
-    json!({
-        "id": id_text(rid),
-        "due_ms": due_ms,
-        "due": rfc3339(due_ms),
-        "target": target,
-        "source": { "topic": topic, "partition": partition, "offset": rid.offset() },
-        "ref": format!("{topic}:{partition}:{}", rid.offset()),
-    })
+    Summary {
+        id: id_text(rid),
+        due_ms,
+        due: rfc3339(due_ms),
+        target: target.to_owned(),
+        reference: format!("{topic}:{partition}:{}", rid.offset()),
+        source: Source {
+            topic,
+            partition,
+            offset: rid.offset(),
+        },
+    }
 }
 
 /// `bytes` as text when they are UTF-8, else null.
@@ -50,18 +60,28 @@ pub(crate) fn text(bytes: Option<&[u8]>) -> Value {
         .map_or(Value::Null, |s| Value::String(s.to_owned()))
 }
 
-pub(super) fn detail(store: &Store, rid: RecordId, rec: &StoredRecord) -> Value {
-    let mut v = summary(store, rid, rec.due_ms(), rec.target());
-    v["delay_id"] = text(rec.id());
-    v["key"] = text(rec.key());
-    v["value"] = text(rec.value());
-    v["value_hex"] = crate::admin::console::hex(rec.value());
-    v["value_bytes"] = json!(rec.value().map(<[u8]>::len));
-    v["headers"] = rec
-        .headers()
-        .map(|h| json!({ "key": h.key, "value": text(h.value) }))
-        .collect();
-    v
+pub(super) fn detail(store: &Store, rid: RecordId, rec: &StoredRecord) -> Record {
+    let utf8 = |b: Option<&[u8]>| {
+        b.and_then(|b| std::str::from_utf8(b).ok())
+            .map(str::to_owned)
+    };
+    Record {
+        summary: summary(store, rid, rec.due_ms(), rec.target()),
+        delay_id: utf8(rec.id()),
+        key: utf8(rec.key()),
+        value: utf8(rec.value()),
+        value_hex: crate::admin::console::hex(rec.value())
+            .as_str()
+            .map(str::to_owned),
+        value_bytes: rec.value().map(<[u8]>::len),
+        headers: rec
+            .headers()
+            .map(|h| HeaderText {
+                key: h.key.to_owned(),
+                value: utf8(h.value),
+            })
+            .collect(),
+    }
 }
 
 /// Which records a listing or a bulk action covers.
@@ -162,51 +182,63 @@ pub(super) async fn list(
     let (rows, next) = tokio::task::spawn_blocking(move || select(&store, &f, limit, SCAN_BUDGET))
         .await
         .map_err(internal)??;
-    let records: Vec<Value> = rows
-        .iter()
-        .map(|(due, rid, t)| summary(&a.store, *rid, *due, t))
-        .collect();
-    let mut out = json!({ "records": records, "next_cursor": next });
-    if a.handoff.is_some() {
-        out["elsewhere"] = elsewhere(&a).await;
-    }
-    Ok(Json(out))
+    let listing = Listing {
+        records: rows
+            .iter()
+            .map(|(due, rid, t)| summary(&a.store, *rid, *due, t))
+            .collect(),
+        next_cursor: next,
+        elsewhere: elsewhere(&a).await,
+    };
+    Ok(Json(value(&listing)))
 }
 
-/// With a changelog: the other instances and their partitions, whose records this one does
-/// not list or change (ask each, or use a record's ref, which any instance sends on).
-pub(super) async fn elsewhere(a: &Admin) -> Value {
-    let Some(h) = a.handoff.clone() else {
-        return Value::Null;
+/// With several instances: the other instances and their partitions, whose records this one
+/// does not list or change (ask each, or use a record's ref, which any instance sends on).
+/// `None` where this instance holds every record of its group.
+pub(super) async fn elsewhere(a: &Admin) -> Option<Elsewhere> {
+    let cluster = a.cluster.clone();
+    let this = cluster.this().map(str::to_owned);
+    let answer = match tokio::task::spawn_blocking(move || cluster.owners()).await {
+        Ok(Some(Ok(owners))) => Elsewhere::Members(
+            owners
+                .into_iter()
+                .filter(|o| o.http.is_none() || o.http != this)
+                .map(|o| Member {
+                    http: o.http,
+                    partitions: o.partitions,
+                })
+                .collect(),
+        ),
+        Ok(None) => return None,
+        Ok(Some(Err(e))) => Elsewhere::Error {
+            error: e.to_string(),
+        },
+        Err(e) => Elsewhere::Error {
+            error: e.to_string(),
+        },
     };
-    let this = h.advertised().map(str::to_owned);
-    match tokio::task::spawn_blocking(move || h.owners()).await {
-        Ok(Ok(owners)) => owners
-            .into_iter()
-            .filter(|o| o.http.is_none() || o.http != this)
-            .map(|o| json!({ "http": o.http, "partitions": o.partitions }))
-            .collect(),
-        Ok(Err(e)) => json!({ "error": e }),
-        Err(e) => json!({ "error": e.to_string() }),
-    }
+    Some(answer)
 }
 
 /// Which instance of the group owns which source partition, and where its HTTP server is:
-/// with a changelog, each instance holds (and answers for) only the partitions it owns.
+/// with several instances, each holds (and answers for) only the partitions it owns.
 pub(super) async fn owners(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
     a.authorize(&headers)?;
-    let Some(h) = a.handoff.clone() else {
-        return Err(ApiError(
-            StatusCode::CONFLICT,
-            "without --changelog every record of the group is on the one instance it runs".into(),
-        ));
-    };
-    let this = h.advertised().map(str::to_owned);
-    let owners = tokio::task::spawn_blocking(move || h.owners())
+    let cluster = a.cluster.clone();
+    let this = cluster.this().map(str::to_owned);
+    let owners = tokio::task::spawn_blocking(move || cluster.owners())
         .await
         .map_err(internal)?
-        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e))?;
-    Ok(Json(json!({ "this": this, "owners": owners })))
+        .ok_or_else(|| {
+            ApiError(
+                StatusCode::CONFLICT,
+                "without --changelog every record of the group is on the one instance it runs"
+                    .into(),
+            )
+        })?
+        .map_err(|e| ApiError(StatusCode::SERVICE_UNAVAILABLE, e.to_string()))?;
+    Ok(Json(value(&Owners { this, owners })))
 }
 
 pub(super) async fn show(
@@ -224,7 +256,7 @@ pub(super) async fn show(
         return Err(not_here(&a, &id));
     }
     match a.store.get(&[rid]).map_err(internal)?.pop().flatten() {
-        Some(rec) => Ok(Json(detail(&a.store, rid, &rec))),
+        Some(rec) => Ok(Json(value(&detail(&a.store, rid, &rec)))),
         None => Err(not_here(&a, &id)),
     }
 }
@@ -245,8 +277,8 @@ pub(super) async fn cancel(
         not_firing(&a, rid)?;
         match a.store.cancel(rid).map_err(internal)? {
             Some(rec) => a.log_changes(&[], &[rid]).map(|()| {
-                Json(json!({
-                    "cancelled": summary(&a.store, rid, rec.due_ms(), rec.target())
+                Json(value(&Cancelled {
+                    cancelled: summary(&a.store, rid, rec.due_ms(), rec.target()),
                 }))
             }),
             None => Err(not_here(&a, &id)),
@@ -262,10 +294,10 @@ fn here(a: &Admin, id: &str, located: Located) -> Result<RecordId, ApiError> {
     }
 }
 
-/// With exactly-once, a record being fired is neither cancelled nor moved: its transaction
+/// A record being fired in a transaction is neither cancelled nor moved: its transaction
 /// delivers it, or aborts and it fires again.
 fn not_firing(a: &Admin, rid: RecordId) -> Result<(), ApiError> {
-    if a.handoff.as_ref().is_some_and(|h| h.exactly_once()) && a.store.is_claimed(rid) {
+    if a.store.is_protected(rid) {
         return Err(ApiError(
             StatusCode::CONFLICT,
             "the record is being fired now, in a transaction: it is delivered, or fires again              if the transaction aborts; try again in a moment"
@@ -275,9 +307,9 @@ fn not_firing(a: &Admin, rid: RecordId) -> Result<(), ApiError> {
     Ok(())
 }
 
-/// A record not pending here: with a changelog it may be another instance's.
+/// A record not pending here: with several instances it may be another instance's.
 fn not_here(a: &Admin, id: &str) -> ApiError {
-    let hint = if a.handoff.is_some() {
+    let hint = if a.cluster.this().is_some() {
         " on this instance (record ids are per instance, and each holds only the partitions it \
          owns: ask by the record's ref, topic:partition:offset, which any instance sends on to \
          the owner; GET /api/v1/owners names every instance and its partitions)"
@@ -337,9 +369,9 @@ pub(super) fn move_one(a: &Admin, id: &str, located: Located, due: u64) -> ApiRe
                 .flatten()
                 .map(|r| r.target().to_owned())
                 .unwrap_or_default();
-            Ok(Json(json!({
-                "record": summary(&a.store, rid, due, &target),
-                "previous_due_ms": previous,
+            Ok(Json(value(&Moved {
+                record: summary(&a.store, rid, due, &target),
+                previous_due_ms: previous,
             })))
         }
         None => Err(not_here(a, id)),

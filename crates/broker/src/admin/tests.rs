@@ -85,13 +85,13 @@ fn without_a_token_only_a_loopback_listener_answers() {
     let admin = |token: Option<&str>, loopback| Admin {
         store: store.clone(),
         scheduler: tx.clone(),
-        clock: Arc::new(crate::clock::SystemClock),
+        clock: Arc::new(kafka_delay_core::clock::SystemClock),
         metrics: Metrics::new(&prometheus::Registry::new(), &Default::default()).unwrap(),
         token: token.map(str::to_owned),
         loopback,
         max_delay_ms: 1,
         console: crate::admin::console::Console::default(),
-        handoff: None,
+        cluster: Arc::new(crate::durability::Local::new(store.clone(), 512)),
     };
     let none = HeaderMap::new();
     let mut good = HeaderMap::new();

@@ -1,5 +1,6 @@
-//! Wires the broker together and runs it: store -> HTTP -> Kafka clients -> scheduler and
-//! publisher -> recovery -> ingest -> ready. [`Running::shutdown`] stops it in the reverse order.
+//! Wires the broker together and runs it: store -> HTTP -> the durability mode, chosen and
+//! started -> Kafka clients -> scheduler and publisher -> recovery -> ingest -> ready.
+//! [`Running::shutdown`] stops it in the reverse order.
 
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering;
@@ -7,30 +8,29 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use prometheus::Registry;
+use rdkafka::consumer::StreamConsumer;
 use rdkafka::producer::{FutureProducer, Producer as _};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::changelog::handoff::{Events, Handoff};
-use crate::changelog::Changelog;
-use crate::clock::Clock;
 use crate::config::{millis, Config};
 use crate::dead_letter::DeadLetters;
+use crate::durability::{Context, Durability, DurabilityError, Prepared};
 use crate::http::{self, Health};
-use crate::ingest::{self, Ingest};
+use crate::ingest::{self, Durable, Ingest, IngestContext};
 use crate::kafka::{self, KafkaSetupError};
 use crate::metrics::{Labels, Metrics};
 use crate::publish::history::History;
 use crate::publish::reports::{publish_producer, PublishProducer, Reports};
-use crate::publish::{Publisher, RetryPolicy};
-use crate::record::Reason;
+use crate::publish::{Delivery, Publisher, RetryPolicy};
 use crate::scheduler::{Due, Inserts, Scheduler, Wake};
 use crate::slice;
 use crate::store::{Store, StoreError, StoreOptions};
 use crate::{admin, publish};
+use kafka_delay_core::clock::Clock;
+use kafka_delay_core::record::Reason;
 
-mod exactly;
 mod running;
 pub use running::Running;
 
@@ -57,12 +57,10 @@ pub enum StartError {
     /// Metrics registration.
     #[error("metrics: {0}")]
     Metrics(#[from] prometheus::Error),
-    /// A changelog topic that cannot hold the pending state.
+    /// The durability mode: a changelog topic that cannot hold the pending state, a cluster
+    /// that cannot run transactions.
     #[error(transparent)]
-    Changelog(#[from] crate::changelog::topics::TopicError),
-    /// Exactly-once was asked for and the cluster cannot run transactions.
-    #[error("{0}")]
-    Transactions(String),
+    Durability(#[from] DurabilityError),
 }
 
 /// Has each idempotent producer get its id now (blocking requests, the three at once), so that
@@ -94,8 +92,6 @@ struct Shared {
     health: Health,
     /// New timers for the scheduler (new records, retries, operators' moves).
     inserts: Inserts,
-    /// With a changelog: partitions moving between instances.
-    handoff: Option<Arc<Handoff>>,
 }
 
 /// Starts the broker and returns once it is ready (recovery done, consumer subscribed).
@@ -114,48 +110,42 @@ pub async fn start(
     let (inserts, insert_rx) = mpsc::channel::<Wake>(1_024);
     let store = open_store(&config).await?;
     let metrics = new_metrics(&registry)?;
-    let (handoff, events) = handoff(&config, &store, &metrics)?;
-    let shared = Shared {
-        store,
-        metrics,
-        clock,
-        health,
-        inserts,
-        handoff,
-    };
     let history = History::default();
-    let (http_addr, http) = start_http(
+    let (prepared, shared, http, http_addr) = prepare(
         &config,
-        &shared,
-        &registry,
-        history.clone(),
+        (store, metrics, clock, health, inserts),
+        (&registry, history.clone()),
         stop_rest_rx.clone(),
     )
     .await?;
-    if let Some(h) = &shared.handoff {
-        h.set_advertised(http_addr);
-    }
     info!(%http_addr, data_dir = %config.store.data_dir.display(), brokers = %config.kafka.brokers,
-          kafka_config = ?config.kafka.properties, "kafka-delay starting");
+          kafka_config = ?config.kafka.properties, mode = prepared.name(), "kafka-delay starting");
 
     let producer = kafka::producer(&config)?;
     kafka::ensure_dead_letter_topic(&config, &producer).await?;
-    check_changelogs(&config).await?;
+    prepared.check_topics().await?;
+    let (consumer, durability) =
+        start_durability(&config, &shared, prepared, stop_ingest_rx.clone()).await?;
     // The counts by target and due time were restored when the store was opened; the wheel
     // reads what is due within the horizon and reports itself armed.
     let recovered = shared.store.pending();
     let (due_tx, due_rx) = mpsc::channel(64);
     let (scheduler, mut armed) =
         start_scheduler(&config, &shared, insert_rx, due_tx, stop_rest_rx.clone())?;
+    let publishing = Publishing {
+        producer: &producer,
+        history,
+        delivery: durability.delivery.clone(),
+    };
     let (ingest_producer, publisher) =
-        start_publishing(&config, &shared, &producer, history, due_rx, stop_rest_rx).await?;
+        start_publishing(&config, &shared, publishing, due_rx, stop_rest_rx).await?;
 
     wait_armed(&config, &shared, &mut armed, recovered).await;
     let ingest = start_ingest(
         &config,
         &shared,
         (producer, ingest_producer),
-        events,
+        (consumer, durability.ingest.clone()),
         stop_ingest_rx,
     )
     .await?;
@@ -170,11 +160,89 @@ pub async fn start(
         publisher,
         http,
         http_addr,
-        handoff: shared.handoff,
+        durability,
         store: shared.store,
         metrics: shared.metrics,
         health: shared.health,
     })
+}
+
+/// The ingest consumer (not yet subscribed) and the durability mode, started: what it runs
+/// alongside ingest (the restore and standby tasks, the transaction loop) runs from here on.
+async fn start_durability(
+    config: &Config,
+    shared: &Shared,
+    prepared: Prepared,
+    stop: watch::Receiver<bool>,
+) -> Result<(Arc<StreamConsumer<IngestContext>>, Durability), StartError> {
+    let consumer = Arc::new(ingest::consumer(
+        config,
+        shared.metrics.clone(),
+        prepared.rebalance(),
+        prepared.client_id().as_deref(),
+        prepared.consumer_defaults(),
+    )?);
+    let durability = prepared
+        .start(Context {
+            consumer: consumer.clone(),
+            inserts: shared.inserts.clone(),
+            clock: shared.clock.clone(),
+            stop,
+        })
+        .await?;
+    Ok((consumer, durability))
+}
+
+/// Binds the HTTP address, picks the durability mode and serves the HTTP API (health,
+/// metrics, admin): what needs the address before the Kafka clients are made.
+async fn prepare(
+    config: &Config,
+    (store, metrics, clock, health, inserts): (
+        Arc<Store>,
+        Metrics,
+        Arc<dyn Clock>,
+        Health,
+        Inserts,
+    ),
+    (registry, history): (&Registry, History),
+    stop: watch::Receiver<bool>,
+) -> Result<(Prepared, Shared, JoinHandle<()>, SocketAddr), StartError> {
+    let (listener, http_addr) =
+        http::bind(config.http.addr)
+            .await
+            .map_err(|source| StartError::Http {
+                addr: config.http.addr,
+                source,
+            })?;
+    let prepared = Prepared::new(
+        config,
+        store.clone(),
+        metrics.clone(),
+        http::advertised(config.http.advertised.as_deref(), http_addr),
+    )?;
+    let shared = Shared {
+        store,
+        metrics,
+        clock,
+        health,
+        inserts,
+    };
+    let http = start_http(
+        config,
+        &shared,
+        registry,
+        (history, prepared.cluster()),
+        listener,
+        stop,
+    );
+    Ok((prepared, shared, http, http_addr))
+}
+
+/// What the publisher is built from besides the shared parts.
+struct Publishing<'a> {
+    producer: &'a FutureProducer,
+    history: History,
+    delivery: Arc<dyn Delivery>,
 }
 
 /// The producers of the fire side and the publisher's task; returns the ingest side's own
@@ -182,11 +250,11 @@ pub async fn start(
 async fn start_publishing(
     config: &Config,
     shared: &Shared,
-    producer: &FutureProducer,
-    history: History,
+    publishing: Publishing<'_>,
     due_rx: mpsc::Receiver<Vec<Due>>,
     stop: watch::Receiver<bool>,
 ) -> Result<(FutureProducer, JoinHandle<()>), StartError> {
+    let producer = publishing.producer;
     let (reports, completions) = Reports::new(shared.clock.clone());
     let publish_producer = publish_producer(config, reports.clone())?;
     // Its own producer: dead letters of bad input are acknowledged without waiting behind the
@@ -199,43 +267,11 @@ async fn start_publishing(
         ingest_producer.clone(),
     )
     .await;
-    let publisher = publisher(config, shared, producer, publish_producer, reports, history);
+    let publisher = publisher(config, shared, publishing, publish_producer, reports);
     Ok((
         ingest_producer,
         tokio::spawn(publisher.run(due_rx, stop, completions)),
     ))
-}
-
-/// With a changelog: creates the missing changelog topics of the source topics there are, and
-/// refuses to start on one that is misconfigured.
-async fn check_changelogs(config: &Config) -> Result<(), StartError> {
-    if !config.cluster.changelog {
-        return Ok(());
-    }
-    let c = config.clone();
-    let checked = tokio::task::spawn_blocking(move || {
-        crate::changelog::topics::ensure_all(&c, c.cluster.changelog_replication)
-    })
-    .await
-    .expect("changelog check task")?;
-    info!(source_topics = checked, "changelog topics checked");
-    Ok(())
-}
-
-/// With a changelog: the handoff of partitions between instances, and its events for the task
-/// that restores them.
-fn handoff(
-    config: &Config,
-    store: &Arc<Store>,
-    metrics: &Metrics,
-) -> Result<(Option<Arc<Handoff>>, Option<Events>), StartError> {
-    if !config.cluster.changelog {
-        return Ok((None, None));
-    }
-    let changelog = Changelog::new(config)?;
-    let config = Arc::new(config.clone());
-    let (h, events) = Handoff::new(store.clone(), changelog, config, metrics.clone());
-    Ok((Some(h), Some(events)))
 }
 
 /// Waits until the wheel holds what is due within the horizon, and says so.
@@ -291,13 +327,14 @@ async fn open_store(config: &Config) -> Result<Arc<Store>, StartError> {
 }
 
 /// Serves `/metrics`, the health checks, the admin API and the console.
-async fn start_http(
+fn start_http(
     config: &Config,
     shared: &Shared,
     registry: &Registry,
-    history: History,
+    (history, cluster): (History, Arc<dyn admin::Cluster>),
+    listener: tokio::net::TcpListener,
     stop: watch::Receiver<bool>,
-) -> Result<(SocketAddr, JoinHandle<()>), StartError> {
+) -> JoinHandle<()> {
     let on_scrape: http::OnScrape = {
         let Shared {
             store,
@@ -322,25 +359,20 @@ async fn start_http(
         loopback: config.http.addr.ip().is_loopback(),
         max_delay_ms: config.contract.max_delay_ms,
         console,
-        handoff: shared.handoff.clone(),
+        cluster,
     };
     if !admin.loopback && admin.token.is_none() {
         warn!(addr = %config.http.addr,
               "the admin API is off: the HTTP server listens beyond loopback and no --admin-token is set");
     }
     http::serve(
-        config.http.addr,
+        listener,
         shared.health.clone(),
         registry.clone(),
         on_scrape,
         admin::router(admin),
         stop,
     )
-    .await
-    .map_err(|source| StartError::Http {
-        addr: config.http.addr,
-        source,
-    })
 }
 
 /// The wheel's own thread and timer: under load, a timer on the shared runtime waits for a
@@ -390,11 +422,15 @@ fn start_scheduler(
 fn publisher(
     config: &Config,
     shared: &Shared,
-    producer: &FutureProducer,
+    publishing: Publishing<'_>,
     publish_producer: PublishProducer,
     reports: Reports,
-    history: History,
 ) -> Publisher {
+    let Publishing {
+        producer,
+        history,
+        delivery,
+    } = publishing;
     Publisher {
         store: shared.store.clone(),
         producer: publish_producer,
@@ -414,25 +450,22 @@ fn publisher(
         in_flight: config.fire.in_flight,
         limits: Arc::new(config.fire.limits.clone()),
         history,
-        handoff: shared.handoff.clone(),
+        delivery,
     }
 }
 
 /// Creates the retry topic when missing and starts consuming the delay topics, each partition
-/// from the offset RocksDB holds.
+/// from where the durability mode says.
 async fn start_ingest(
     config: &Config,
     shared: &Shared,
     (producer, ingest_producer): (FutureProducer, FutureProducer),
-    events: Option<Events>,
+    (consumer, durability): (Arc<StreamConsumer<IngestContext>>, Arc<dyn Durable>),
     stop: watch::Receiver<bool>,
 ) -> Result<JoinHandle<()>, StartError> {
-    // With a changelog, each partition resumes where its restore says (Handoff::resumes).
-    let next_offsets = if shared.handoff.is_some() {
-        Default::default()
-    } else {
-        let s = shared.store.clone();
-        tokio::task::spawn_blocking(move || s.next_offsets())
+    let next_offsets = {
+        let d = durability.clone();
+        tokio::task::spawn_blocking(move || d.start_offsets())
             .await
             .expect("offsets task")?
     };
@@ -443,32 +476,10 @@ async fn start_ingest(
             warn!(%topic, error = %e, "the retry topic does not exist and could not be created");
         }
     }
-    let handoff = shared.handoff.clone();
-    let consumer = Arc::new(ingest::consumer(
-        config,
-        shared.store.clone(),
-        shared.metrics.clone(),
-        handoff.clone(),
-    )?);
-    if let Some(h) = &handoff {
-        exactly::start(config, &shared.store, h, &consumer, shared.metrics.clone()).await?;
-    }
-    if let (Some(h), Some(events)) = (&handoff, events) {
-        let horizon = millis(config.wheel.horizon);
-        let (inserts, clock) = (shared.inserts.clone(), shared.clock.clone());
-        let run = h.clone().run(
-            events,
-            consumer.clone(),
-            inserts,
-            (horizon, clock),
-            stop.clone(),
-        );
-        tokio::spawn(run);
-        tokio::spawn(h.clone().run_standbys(stop.clone()));
-    }
+    ingest::subscribe(config, &consumer)?;
     let ingest = Ingest {
         consumer,
-        handoff,
+        durability,
         store: shared.store.clone(),
         contract: config.contract.clone(),
         clock: shared.clock.clone(),
@@ -482,7 +493,6 @@ async fn start_ingest(
         next_offsets,
         store_healthy: shared.health.store_healthy.clone(),
         dead_letter_topics: ingest::TopicCreator::new(Arc::new(config.clone()), producer),
-        max_group: ingest::max_group(config.store.sync || config.cluster.changelog),
         stopping: None,
     };
     Ok(tokio::spawn(ingest.run(stop)))

@@ -8,7 +8,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::changelog::handoff::Handoff;
+use crate::durability::Durability;
 use crate::http::Health;
 use crate::metrics::Metrics;
 use crate::store::Store;
@@ -26,7 +26,7 @@ pub struct Running {
     pub(super) store: Arc<Store>,
     pub(super) metrics: Metrics,
     pub(super) health: Health,
-    pub(super) handoff: Option<Arc<Handoff>>,
+    pub(super) durability: Durability,
 }
 
 impl Running {
@@ -50,9 +50,7 @@ impl Running {
     pub async fn shutdown(self) {
         info!("shutting down: stopping ingest");
         self.health.ready.store(false, Ordering::Relaxed);
-        if let Some(h) = &self.handoff {
-            h.stopping();
-        }
+        self.durability.stopping();
         let _ = self.stop_ingest.send(true);
         let _ = self.ingest.await;
         info!("ingest stopped; finishing deliveries in flight");
@@ -60,13 +58,9 @@ impl Running {
         let scheduler = self.scheduler;
         let _ = tokio::task::spawn_blocking(move || scheduler.join()).await;
         let _ = self.publisher.await;
-        if let Some(h) = self.handoff {
-            let flushed = tokio::task::spawn_blocking(move || {
-                h.changelog().flush(std::time::Duration::from_secs(10))
-            })
+        self.durability
+            .close(std::time::Duration::from_secs(10))
             .await;
-            info!(result = ?flushed.map(|r| r.map_err(|e| e.to_string())), "changelog flushed");
-        }
         let _ = self.http.await;
         let store = self.store;
         let flushed = tokio::task::spawn_blocking(move || {

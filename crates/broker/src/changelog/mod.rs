@@ -3,25 +3,20 @@
 //!
 //! Source topic `T` has the changelog topic `<group-id>-T-changelog`, with (at least) as many
 //! partitions; source partition `p` writes to changelog partition `p`, named explicitly, never
-//! through the partitioner. Its entries ([`Entry`]), keyed so that compaction keeps only the
-//! latest of each:
-//!
-//! | key                   | value                                   |
-//! |-----------------------|-----------------------------------------|
-//! | `r` ++ offset (8 B)   | the pending record (its stored bytes), or a tombstone once it is gone |
-//! | `o`                   | the next source offset ingest will consume (8 B) |
+//! through the partitioner. Its entries and their encoding are `kafka_delay_core::changelog`'s
+//! ([`Entry`]).
 //!
 //! Every change reaches RocksDB first and the changelog second: ingest stores a group, writes
 //! it to the changelog, waits for the acknowledgement, and only then stores the source offsets
 //! for commit and hands the records to the scheduler. A delete after delivery writes a
 //! tombstone. See [`restore`] for the way back and [`handoff`] for partitions changing owner.
 
-mod exactly;
 pub mod handoff;
 mod operate;
 pub mod owners;
 pub mod restore;
 pub mod standby;
+mod takeover;
 pub mod topics;
 
 use std::collections::HashMap;
@@ -33,64 +28,57 @@ use tracing::warn;
 
 use crate::config::Config;
 use crate::kafka::{base_config, KafkaSetupError};
-use crate::store::{Pid, RecordId, Restored, Store, StoredRecord};
+use crate::store::{Applied, IngestOp, Store};
+use kafka_delay_core::changelog::Entry;
+use kafka_delay_core::id::{Pid, RecordId};
 
-/// One change to a partition's pending state, to write.
-#[derive(Debug, Clone, Copy)]
-pub enum Entry<'a> {
-    /// The record at this source offset is pending as given (new, or moved by an operator).
-    Record(i64, &'a StoredRecord),
-    /// The record at this source offset is gone (fired, cancelled, replaced).
-    Gone(i64),
-    /// Ingest consumed the source partition up to here (exclusive).
-    SourceOffset(i64),
-}
-
-impl Entry<'_> {
-    fn key(&self) -> Vec<u8> {
-        match self {
-            Entry::Record(offset, _) | Entry::Gone(offset) => {
-                let mut k = Vec::with_capacity(9);
-                k.push(b'r');
-                k.extend_from_slice(&offset.to_be_bytes());
-                k
-            }
-            Entry::SourceOffset(_) => b"o".to_vec(),
-        }
-    }
-
-    fn payload(&self) -> Option<Vec<u8>> {
-        match self {
-            Entry::Record(_, record) => Some(record.encoded().to_vec()),
-            Entry::Gone(_) => None,
-            Entry::SourceOffset(next) => Some(next.to_be_bytes().to_vec()),
-        }
-    }
-}
-
-/// Reads a changelog entry back; `Err` names what is wrong with one that cannot be read.
-///
-/// # Errors
-/// A key or value of the wrong shape, or a record that does not decode.
-pub fn decode(key: Option<&[u8]>, payload: Option<&[u8]>) -> Result<Restored, String> {
-    match (key, payload) {
-        (Some([b'o']), Some(v)) => v
-            .try_into()
-            .map(|b| Restored::SourceOffset(i64::from_be_bytes(b)))
-            .map_err(|_| format!("source offset of {} bytes", v.len())),
-        (Some([b'r', rest @ ..]), value) => {
-            let offset = i64::from_be_bytes(
-                rest.try_into()
-                    .map_err(|_| format!("record key of {} bytes", rest.len() + 1))?,
-            );
-            match value {
-                None => Ok(Restored::Gone { offset }),
-                Some(v) => StoredRecord::from_bytes(v.to_vec())
-                    .map(|record| Restored::Record { offset, record }),
-            }
-        }
-        (k, _) => Err(format!("unknown key {k:?}")),
-    }
+/// Why a step of moving partitions between instances failed; each names what it was doing.
+#[derive(Debug, thiserror::Error)]
+pub enum GroupError {
+    /// The group coordinator did not describe the group.
+    #[error("cannot describe group {group}: {source}")]
+    Describe {
+        /// The consumer group.
+        group: String,
+        /// librdkafka's error.
+        source: KafkaError,
+    },
+    /// A member's assignment could not be read.
+    #[error("unreadable assignment of {bytes} bytes")]
+    Assignment {
+        /// Its length.
+        bytes: usize,
+    },
+    /// The changelog did not take a write.
+    #[error("changelog {topic}/{partition}: {source}")]
+    Write {
+        /// Changelog topic.
+        topic: String,
+        /// Partition.
+        partition: i32,
+        /// librdkafka's error.
+        source: KafkaError,
+    },
+    /// A changelog topic that cannot hold the pending state.
+    #[error(transparent)]
+    Topic(#[from] topics::TopicError),
+    /// Reading a changelog back failed.
+    #[error(transparent)]
+    Restore(#[from] restore::RestoreError),
+    /// RocksDB.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// A blocking task could not finish (it panicked, or the runtime is stopping).
+    #[error("{what} task failed: {detail}")]
+    Task {
+        /// What the task did.
+        what: &'static str,
+        /// The join error.
+        detail: String,
+    },
+    /// Restores of these source topics failed (a standby pass).
+    #[error("{0}")]
+    Topics(String),
 }
 
 /// The changelog's producer and naming.
@@ -254,6 +242,32 @@ impl Changelog {
     }
 }
 
+/// What an ingest group changed, per source partition, as changelog entries: its records, then
+/// what they removed (replaced or cancelled).
+pub fn group_entries<'a>(ops: &'a [IngestOp], applied: &Applied) -> HashMap<Pid, Vec<Entry<'a>>> {
+    let mut by_pid: HashMap<Pid, Vec<Entry<'a>>> = HashMap::new();
+    for op in ops {
+        if let IngestOp::Schedule {
+            pid,
+            offset,
+            schedule,
+        } = op
+        {
+            by_pid
+                .entry(*pid)
+                .or_default()
+                .push(Entry::Record(*offset, schedule));
+        }
+    }
+    for rid in &applied.removed {
+        by_pid
+            .entry(rid.pid())
+            .or_default()
+            .push(Entry::Gone(rid.offset()));
+    }
+    by_pid
+}
+
 /// Whether `topic` is one of consumer group `group`'s changelog topics.
 pub fn is_changelog_of(group: &str, topic: &str) -> bool {
     topic
@@ -270,45 +284,6 @@ pub fn topic_name(group: &str, source: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn record(due: u64) -> StoredRecord {
-        StoredRecord::new(due, "out", Some(b"id-1"), Some(b"k"), Some(b"v"), [])
-    }
-
-    #[test]
-    fn entries_read_back_as_what_they_wrote() {
-        let r = record(1_234);
-        for (e, want) in [
-            (
-                Entry::Record(7, &r),
-                Restored::Record {
-                    offset: 7,
-                    record: r.clone(),
-                },
-            ),
-            (Entry::Gone(7), Restored::Gone { offset: 7 }),
-            (Entry::SourceOffset(99), Restored::SourceOffset(99)),
-        ] {
-            assert_eq!(decode(Some(&e.key()), e.payload().as_deref()), Ok(want));
-        }
-        // A record and its tombstone share a key, so compaction keeps only the tombstone.
-        assert_eq!(Entry::Record(7, &r).key(), Entry::Gone(7).key());
-        assert_ne!(Entry::Gone(7).key(), Entry::Gone(8).key());
-    }
-
-    #[test]
-    fn entries_of_the_wrong_shape_are_named() {
-        assert!(decode(Some(b"x"), Some(b"1"))
-            .unwrap_err()
-            .contains("unknown key"));
-        assert!(decode(Some(b"o"), Some(b"123"))
-            .unwrap_err()
-            .contains("3 bytes"));
-        assert!(decode(Some(b"r12"), None)
-            .unwrap_err()
-            .contains("record key"));
-        assert!(decode(None, None).is_err());
-    }
 
     #[test]
     fn changelog_topics_are_named_by_group_and_source() {

@@ -4,36 +4,22 @@
 use std::collections::HashMap;
 
 use super::handoff::{blocking, Handoff};
-use super::Entry;
-use crate::store::{Pid, RecordId, StoredRecord};
+use super::GroupError;
+use kafka_delay_core::changelog::Entry;
+use kafka_delay_core::id::{Pid, RecordId};
+use kafka_delay_core::record::StoredRecord;
 
 impl Handoff {
-    /// Records where this instance's HTTP server is reached: `--advertised-http-addr`, else
-    /// the address it listens on (this host's name for every interface).
-    pub fn set_advertised(&self, bound: std::net::SocketAddr) {
-        let addr = self.config.http.advertised.clone().unwrap_or_else(|| {
-            if bound.ip().is_unspecified() {
-                let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-                    .map(|h| h.trim().to_owned())
-                    .unwrap_or_else(|_| "localhost".into());
-                format!("{host}:{}", bound.port())
-            } else {
-                bound.to_string()
-            }
-        });
-        let _ = self.advertised.set(addr);
-    }
-
-    /// Where this instance's HTTP server is reached (after [`Handoff::set_advertised`]).
-    pub fn advertised(&self) -> Option<&str> {
-        self.advertised.get().map(String::as_str)
+    /// Where this instance's HTTP server is reached.
+    pub fn advertised(&self) -> &str {
+        &self.advertised
     }
 
     /// Every member of the group with its HTTP address and partitions (blocking).
     ///
     /// # Errors
     /// The group coordinator did not answer.
-    pub fn owners(&self) -> Result<Vec<super::owners::Owner>, String> {
+    pub fn owners(&self) -> Result<Vec<super::owners::Owner>, GroupError> {
         super::owners::owners(
             rdkafka::producer::Producer::client(self.changelog.producer()),
             &self.config.kafka.group_id,
@@ -45,7 +31,10 @@ impl Handoff {
     ///
     /// # Errors
     /// What Kafka refused; the change stands here but a restore elsewhere would not see it.
-    pub fn write_now(&self, changes: &[(RecordId, Option<StoredRecord>)]) -> Result<(), String> {
+    pub fn write_now(
+        &self,
+        changes: &[(RecordId, Option<StoredRecord>)],
+    ) -> Result<(), GroupError> {
         let mut by_pid: HashMap<Pid, Vec<Entry<'_>>> = HashMap::new();
         for (rid, rec) in changes {
             let e = match rec {
@@ -62,7 +51,11 @@ impl Handoff {
                 self.changelog
                     .write(&topic, partition, entries)
                     .await
-                    .map_err(|e| format!("changelog {topic}/{partition}: {e}"))?;
+                    .map_err(|source| GroupError::Write {
+                        topic: self.changelog.topic_of(&topic),
+                        partition,
+                        source,
+                    })?;
             }
             Ok(())
         };
@@ -71,7 +64,10 @@ impl Handoff {
             Err(_) => tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
-                .map_err(|e| e.to_string())?
+                .map_err(|e| GroupError::Task {
+                    what: "changelog write",
+                    detail: e.to_string(),
+                })?
                 .block_on(write),
         }
     }

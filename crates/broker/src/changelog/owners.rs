@@ -7,6 +7,8 @@ use std::time::Duration;
 use rdkafka::client::{Client, ClientContext};
 use serde::Serialize;
 
+use super::GroupError;
+
 /// The `client.id` prefix of an ingest consumer with a changelog; the advertised HTTP address
 /// follows it.
 pub const CLIENT_ID_PREFIX: &str = "kafka-delay@";
@@ -37,7 +39,7 @@ pub struct Group {
 ///
 /// # Errors
 /// The coordinator did not answer, or an assignment could not be read.
-pub fn owners<C: ClientContext>(client: &Client<C>, group: &str) -> Result<Vec<Owner>, String> {
+pub fn owners<C: ClientContext>(client: &Client<C>, group: &str) -> Result<Vec<Owner>, GroupError> {
     describe(client, group).map(|g| g.owners)
 }
 
@@ -45,10 +47,13 @@ pub fn owners<C: ClientContext>(client: &Client<C>, group: &str) -> Result<Vec<O
 ///
 /// # Errors
 /// The coordinator did not answer, or an assignment could not be read.
-pub fn describe<C: ClientContext>(client: &Client<C>, group: &str) -> Result<Group, String> {
+pub fn describe<C: ClientContext>(client: &Client<C>, group: &str) -> Result<Group, GroupError> {
     let list = client
         .fetch_group_list(Some(group), Duration::from_secs(10))
-        .map_err(|e| format!("cannot describe group {group}: {e}"))?;
+        .map_err(|source| GroupError::Describe {
+            group: group.to_owned(),
+            source,
+        })?;
     let mut out = Vec::new();
     let mut stable = false;
     for g in list.groups().iter().filter(|g| g.name() == group) {
@@ -81,8 +86,8 @@ pub fn describe<C: ClientContext>(client: &Client<C>, group: &str) -> Result<Gro
 /// The partitions of a consumer protocol assignment: a version (int16), then an array (int32
 /// count) of topic (int16 length, bytes) and its partitions (int32 count, int32 each), then
 /// user data, which is ignored.
-fn assignment(bytes: &[u8]) -> Result<Vec<(String, i32)>, String> {
-    let bad = || format!("unreadable assignment of {} bytes", bytes.len());
+fn assignment(bytes: &[u8]) -> Result<Vec<(String, i32)>, GroupError> {
+    let bad = || GroupError::Assignment { bytes: bytes.len() };
     let mut r = Reader(bytes);
     r.take(2).ok_or_else(bad)?;
     let mut out = Vec::new();
@@ -128,10 +133,13 @@ mod tests {
         b.extend([0, 2, b'b', b'c', 0, 0, 0, 1, 0, 0, 0, 7]);
         b.extend([0, 0, 0, 1, 0xff]);
         assert_eq!(
-            assignment(&b),
-            Ok(vec![("a".into(), 0), ("a".into(), 3), ("bc".into(), 7)])
+            assignment(&b).unwrap(),
+            vec![("a".into(), 0), ("a".into(), 3), ("bc".into(), 7)]
         );
-        assert!(assignment(&b[..9]).is_err());
-        assert_eq!(assignment(&[0, 1, 0, 0, 0, 0]), Ok(vec![]));
+        assert!(matches!(
+            assignment(&b[..9]),
+            Err(GroupError::Assignment { bytes: 9 })
+        ));
+        assert_eq!(assignment(&[0, 1, 0, 0, 0, 0]).unwrap(), vec![]);
     }
 }

@@ -14,10 +14,11 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{debug, info, warn};
 
-use super::decode;
 use crate::config::Config;
 use crate::kafka::base_config;
-use crate::store::{Checkpoint, Pid, Restored, Store, StoreError};
+use crate::store::{Store, StoreError};
+use kafka_delay_core::changelog::{decode, Checkpoint, Restored};
+use kafka_delay_core::id::Pid;
 
 /// Entries applied per write batch.
 const CHUNK: usize = 4_096;
@@ -76,7 +77,7 @@ pub enum RestoreError {
         /// Offset of the entry.
         offset: i64,
         /// What is wrong.
-        detail: String,
+        detail: kafka_delay_core::changelog::DecodeError,
     },
 }
 

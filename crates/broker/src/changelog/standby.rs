@@ -29,7 +29,8 @@ use tracing::{info, warn};
 use super::handoff::{lock, Handoff};
 use super::owners::{self, Owner, CLIENT_ID_PREFIX};
 use super::restore::{self, Outcome, Part};
-use crate::store::Pid;
+use super::GroupError;
+use kafka_delay_core::id::Pid;
 
 /// How often the copies catch up.
 const EVERY: Duration = Duration::from_secs(1);
@@ -109,10 +110,8 @@ impl Handoff {
     }
 
     /// One pass: which copies to keep, catching them up, dropping the rest. Blocking.
-    fn standby_pass(&self) -> Result<(), String> {
-        let Some(me) = self.advertised().map(|a| format!("{CLIENT_ID_PREFIX}{a}")) else {
-            return Ok(());
-        };
+    fn standby_pass(&self) -> Result<(), GroupError> {
+        let me = format!("{CLIENT_ID_PREFIX}{}", self.advertised());
         let client = rdkafka::producer::Producer::client(self.changelog.producer());
         let group = owners::describe(client, &self.config.kafka.group_id)?;
         if !group.stable || !group.owners.iter().any(|o| o.client_id == me) {
@@ -137,12 +136,12 @@ impl Handoff {
         }
         self.tally(&parts, &outcomes);
         lock(&self.standby).clear();
-        failed.map_or(Ok(()), Err)
+        failed.map_or(Ok(()), |f| Err(GroupError::Topics(f)))
     }
 
     /// The copies this pass catches up: `wanted` less what is owned or being restored here,
     /// each with the flag an assignment sets to stop it.
-    fn register(&self, wanted: &[(String, i32)]) -> Result<Vec<Part>, String> {
+    fn register(&self, wanted: &[(String, i32)]) -> Result<Vec<Part>, GroupError> {
         let restoring = self.lock_restoring();
         let mut flags = lock(&self.standby);
         flags.clear();
@@ -151,10 +150,7 @@ impl Handoff {
             if self.changelog.is_changelog(topic) {
                 continue;
             }
-            let pid = self
-                .store
-                .partition_id(topic, *partition)
-                .map_err(|e| e.to_string())?;
+            let pid = self.store.partition_id(topic, *partition)?;
             if restoring.contains_key(&pid) || self.store.owns(pid) {
                 continue;
             }

@@ -9,8 +9,8 @@ use clap::{Args, ValueEnum};
 
 use super::parse::{duration, kafka_prop, SchedulerSlice};
 use super::KafkaProp;
-use crate::limit::{Limits, Rate, Rule};
-use crate::retry;
+use kafka_delay_core::limit::{Limits, Rate, Rule};
+use kafka_delay_core::retry;
 
 /// Flags of `kafka-delay run`.
 #[derive(Debug, Args, Clone)]

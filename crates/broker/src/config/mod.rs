@@ -43,8 +43,8 @@ impl RunArgs {
     }
 }
 
-use crate::limit::Limits;
-use crate::record::Contract;
+use kafka_delay_core::limit::Limits;
+use kafka_delay_core::record::Contract;
 
 /// Validated configuration of the broker, grouped as the flags are.
 #[derive(Debug, Clone)]

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::time::parse_duration_ms;
+use kafka_delay_core::time::parse_duration_ms;
 
 use super::KafkaProp;
 

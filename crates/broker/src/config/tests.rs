@@ -1,7 +1,7 @@
 use std::time::Duration;
 
 use super::*;
-use crate::retry;
+use kafka_delay_core::retry;
 
 fn parse(args: &[&str]) -> Result<Config, String> {
     let run = RunArgs::try_parse_flags(args).map_err(|e| e.to_string())?;

@@ -9,9 +9,9 @@ use super::{
     default_instance_id, ClusterConfig, Config, ConfigError, FireConfig, HttpConfig, KafkaConfig,
     Secret, StoreConfig, TopicsConfig, WheelConfig, DEFAULT_RETRY_TOPIC,
 };
-use crate::limit::Limits;
-use crate::record::{Contract, Reason};
-use crate::retry::{Policy, Retries};
+use kafka_delay_core::limit::Limits;
+use kafka_delay_core::record::{Contract, Reason};
+use kafka_delay_core::retry::{Policy, Retries};
 
 /// librdkafka properties the broker sets itself, and the flag to use instead.
 const OWNED_PROPERTIES: [(&str, &str); 9] = [

@@ -1,4 +1,4 @@
-//! The ingest consumer: its librdkafka settings, the group size, and reading what it holds
+//! The ingest consumer: its librdkafka settings, its subscription, and reading what it holds
 //! without waiting.
 
 use std::sync::Arc;
@@ -6,24 +6,10 @@ use std::sync::Arc;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 
 use super::IngestContext;
-use crate::changelog::handoff::Handoff;
+use super::Rebalance;
 use crate::config::Config;
 use crate::kafka::{base_config, KafkaSetupError};
 use crate::metrics::Metrics;
-use crate::store::Store;
-
-/// Most records in one group. A group only fills when the consumer has a backlog. With `sync`
-/// each group costs one fsync (with a changelog, one round trip to Kafka), so larger groups
-/// mean fewer of them; without it, a large group
-/// keeps a runtime worker from the publisher for longer and delivery lateness grows
-/// (docs/decisions.md has the figures).
-pub fn max_group(waits_per_group: bool) -> usize {
-    if waits_per_group {
-        2_048
-    } else {
-        512
-    }
-}
 
 /// The ingest consumer's librdkafka configuration (also what `kafka-delay-bench` gives its
 /// passthrough consumer, so that both read Kafka the same way).
@@ -40,15 +26,7 @@ pub fn consumer_config(config: &Config) -> rdkafka::ClientConfig {
         c.set("group.instance.id", id);
     }
     let defaults = [
-        // With exactly-once the offsets commit in ingest's transactions.
-        (
-            "enable.auto.commit",
-            if config.cluster.transactional_id.is_some() {
-                "false"
-            } else {
-                "true"
-            },
-        ),
+        ("enable.auto.commit", "true"),
         ("auto.commit.interval.ms", "1000"),
         ("auto.offset.reset", "earliest"),
         // Low enough that a restarted instance is consuming again within seconds even where
@@ -64,53 +42,53 @@ pub fn consumer_config(config: &Config) -> rdkafka::ClientConfig {
         ("fetch.queue.backoff.ms", "10"),
         // Consumer lag per partition for the metrics.
         ("statistics.interval.ms", "5000"),
-        // A rebalance moves only the partitions that change owner; the others keep firing.
-        (
-            "partition.assignment.strategy",
-            if config.cluster.changelog {
-                "cooperative-sticky"
-            } else {
-                "range,roundrobin"
-            },
-        ),
     ];
-    for (k, v) in defaults {
-        if !config.kafka.properties.iter().any(|p| p.key == k) {
-            c.set(k, v);
-        }
-    }
+    set_defaults(&mut c, config, &defaults);
     c
 }
 
-/// Creates the consumer and subscribes it to the source pattern.
+/// Sets each of `defaults` the operator did not set with `--kafka-config`.
+fn set_defaults(c: &mut rdkafka::ClientConfig, config: &Config, defaults: &[(&str, &str)]) {
+    for (k, v) in defaults {
+        if !config.kafka.properties.iter().any(|p| p.key == *k) {
+            c.set(*k, *v);
+        }
+    }
+}
+
+/// Creates the ingest consumer (not yet subscribed: see [`subscribe`]). A `client_id` names
+/// the member to the rest of the group (with several instances: its HTTP address, for the
+/// owners lookup); the mode's `defaults` are set where the operator set nothing.
 ///
 /// # Errors
-/// [`KafkaSetupError::Client`] for an invalid property or pattern.
+/// [`KafkaSetupError::Client`] for an invalid property.
 pub fn consumer(
     config: &Config,
-    store: Arc<Store>,
     metrics: Metrics,
-    handoff: Option<Arc<Handoff>>,
+    rebalance: Arc<dyn Rebalance>,
+    client_id: Option<&str>,
+    defaults: &[(&str, &str)],
 ) -> Result<StreamConsumer<IngestContext>, KafkaSetupError> {
     let mut c = consumer_config(config);
-    // The group coordinator shows every member's client.id: with a changelog it carries where
-    // this instance's HTTP server is, so any instance can name a partition's owner.
-    if let Some(addr) = handoff.as_ref().and_then(|h| h.advertised()) {
-        c.set(
-            "client.id",
-            format!("{}{addr}", crate::changelog::owners::CLIENT_ID_PREFIX),
-        );
+    if let Some(id) = client_id {
+        c.set("client.id", id);
     }
-    let consumer: StreamConsumer<IngestContext> = c
-        .create_with_context(IngestContext {
-            store,
-            metrics,
-            handoff,
-        })
+    set_defaults(&mut c, config, defaults);
+    c.create_with_context(IngestContext { metrics, rebalance })
         .map_err(|source| KafkaSetupError::Client {
             client: "consumer",
             source,
-        })?;
+        })
+}
+
+/// Subscribes the consumer to the source pattern.
+///
+/// # Errors
+/// [`KafkaSetupError::Client`] for an invalid pattern.
+pub fn subscribe(
+    config: &Config,
+    consumer: &StreamConsumer<IngestContext>,
+) -> Result<(), KafkaSetupError> {
     // librdkafka treats a subscription starting with ^ as a regex.
     let pattern = config.contract.source_pattern.as_str();
     let subscription = if pattern.starts_with('^') {
@@ -123,8 +101,7 @@ pub fn consumer(
         .map_err(|source| KafkaSetupError::Client {
             client: "consumer subscription",
             source,
-        })?;
-    Ok(consumer)
+        })
 }
 
 /// Polls `future` once and returns its output if it is ready at once: how a group takes what

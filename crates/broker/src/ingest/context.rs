@@ -1,26 +1,24 @@
-//! Consumer callbacks: on assignment, each partition resumes from the offset stored in RocksDB
-//! (the durable checkpoint), not from Kafka's committed offset, which may lag behind it.
+//! Consumer callbacks: librdkafka's statistics to the lag metric, and each rebalance handed to
+//! the durability mode ([`Rebalance`]), which decides where assigned partitions start and what
+//! happens before revoked ones go.
 
 use std::sync::Arc;
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext, RebalanceProtocol};
-use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
+use rdkafka::topic_partition_list::TopicPartitionList;
 use rdkafka::types::RDKafkaRespErr;
 use rdkafka::ClientContext;
 use tracing::{error, info};
 
-use crate::changelog::handoff::Handoff;
-use crate::store::Store;
+use super::Rebalance;
 
 /// Context of the ingest consumer.
 #[derive(Debug, Clone)]
 pub struct IngestContext {
-    /// Where stored offsets are read from.
-    pub store: Arc<Store>,
     /// Consumer lag goes here, from librdkafka's statistics.
     pub metrics: crate::metrics::Metrics,
-    /// With a changelog: restores assigned partitions and lets revoked ones go.
-    pub handoff: Option<Arc<Handoff>>,
+    /// What the durability mode does when partitions change owner.
+    pub rebalance: Arc<dyn Rebalance>,
 }
 
 impl ClientContext for IngestContext {
@@ -38,37 +36,6 @@ impl ClientContext for IngestContext {
                     .set(p.consumer_lag);
             }
         }
-    }
-}
-
-impl IngestContext {
-    /// Sets every partition of `tpl` that has an offset in the store to start there; returns
-    /// how many did.
-    fn seed_offsets(&self, tpl: &mut TopicPartitionList) -> usize {
-        let parts: Vec<(String, i32)> = tpl
-            .elements()
-            .iter()
-            .map(|e| (e.topic().to_owned(), e.partition()))
-            .collect();
-        let mut seeded = 0;
-        for (topic, partition) in parts {
-            let Some(pid) = self.store.lookup_partition(&topic, partition) else {
-                continue;
-            };
-            match self.store.next_offset(pid) {
-                Ok(Some(offset)) => {
-                    if tpl
-                        .set_partition_offset(&topic, partition, Offset::Offset(offset))
-                        .is_ok()
-                    {
-                        seeded += 1;
-                    }
-                }
-                Ok(None) => {}
-                Err(e) => error!(%topic, partition, error = %e, "cannot read the stored offset"),
-            }
-        }
-        seeded
     }
 }
 
@@ -94,7 +61,8 @@ impl ConsumerContext for IngestContext {
             RebalanceProtocol::Cooperative
         );
         match err {
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS if self.handoff.is_some() => {
+            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
+                self.rebalance.assigning(tpl);
                 let result = if cooperative {
                     consumer.incremental_assign(tpl)
                 } else {
@@ -103,35 +71,14 @@ impl ConsumerContext for IngestContext {
                 match result {
                     Ok(()) => {
                         info!(partitions = tpl.count(), topics = %topics_of(tpl),
-                              "source partitions assigned; restoring them from the changelog");
-                        if let Some(h) = &self.handoff {
-                            h.on_assign(consumer, tpl);
-                        }
+                              "source partitions assigned");
+                        self.rebalance.assigned(consumer, tpl);
                     }
                     Err(e) => error!(error = %e, "assigning source partitions failed"),
                 }
             }
-            RDKafkaRespErr::RD_KAFKA_RESP_ERR__ASSIGN_PARTITIONS => {
-                let seeded = self.seed_offsets(tpl);
-                let result = if cooperative {
-                    consumer.incremental_assign(tpl)
-                } else {
-                    consumer.assign(tpl)
-                };
-                match result {
-                    Ok(()) => info!(
-                        partitions = tpl.count(),
-                        resumed_from_store = seeded,
-                        topics = %topics_of(tpl),
-                        "source partitions assigned"
-                    ),
-                    Err(e) => error!(error = %e, "assigning source partitions failed"),
-                }
-            }
             RDKafkaRespErr::RD_KAFKA_RESP_ERR__REVOKE_PARTITIONS => {
-                if let Some(h) = &self.handoff {
-                    h.on_revoke(tpl);
-                }
+                self.rebalance.revoking(tpl);
                 let result = if cooperative {
                     consumer.incremental_unassign(tpl)
                 } else {
@@ -148,8 +95,8 @@ impl ConsumerContext for IngestContext {
             }
             other => {
                 error!(error = ?other, "rebalance error; unassigning");
-                if let (Some(h), Ok(assigned)) = (&self.handoff, consumer.assignment()) {
-                    h.on_revoke(&assigned);
+                if let Ok(assigned) = consumer.assignment() {
+                    self.rebalance.revoking(&assigned);
                 }
                 if let Err(e) = consumer.unassign() {
                     error!(error = %e, "unassign after a rebalance error failed");

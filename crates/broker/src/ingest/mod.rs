@@ -1,14 +1,17 @@
 //! The ingest task: Kafka record -> contract -> dead letter or store -> offset -> wheel.
 //!
-//! Records are taken in groups (whatever the consumer has ready, up to [`max_group`]) so that
-//! one RocksDB write batch, and one fsync when `sync` is on, covers many records (group commit).
-//! For each group, in this order:
-//! 1. every record is interpreted; a rejected record is written to the dead-letter topic and
-//!    acknowledged before anything else happens to its offset;
+//! Records are taken in groups (whatever the consumer has ready, up to the mode's
+//! [`Durable::max_group`]) so that one RocksDB write batch, and one fsync when `sync` is on,
+//! covers many records (group commit). For each group, in this order:
+//! 1. every record is interpreted; a rejected record becomes a dead letter, which the
+//!    durability mode writes before the group is stored, or with it;
 //! 2. one write batch stores the records, cancels, replacements and the next offset of every
 //!    partition in the group;
-//! 3. the offsets are stored in the consumer for its next (auto-)commit;
-//! 4. the new records go to the scheduler.
+//! 3. the durability mode makes the group safe beyond this disk (nothing to do with RocksDB
+//!    alone; the changelog; a transaction) — [`Durable::after_store`];
+//! 4. the offsets are stored in the consumer for its next (auto-)commit, unless the mode
+//!    committed them with the group;
+//! 5. the new records go to the scheduler.
 //!
 //! A record below the offset already stored for its partition was ingested before a crash and
 //! is skipped. A RocksDB write failure (a full disk) pauses consumption and is retried; no
@@ -16,7 +19,6 @@
 
 mod consumer;
 mod context;
-mod exactly;
 mod topics;
 
 use std::collections::HashMap;
@@ -24,24 +26,95 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::TopicPartitionList;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
-pub use consumer::{consumer, consumer_config, max_group, ready_now};
+pub use consumer::{consumer, consumer_config, ready_now, subscribe};
 pub use context::IngestContext;
 pub use topics::TopicCreator;
 
-use crate::changelog::handoff::Handoff;
-use crate::changelog::Entry;
-use crate::clock::Clock;
+use crate::backoff::Backoff;
 use crate::dead_letter::{DeadLetter, DeadLetters, Origin};
 use crate::kafka::header_refs;
 use crate::metrics::Metrics;
-use crate::record::{Command, Contract, HeaderRef, Incoming, Reject};
 use crate::scheduler::{Inserts, Wake};
-use crate::store::{Applied, Checkpoint, IngestOp, Pid, Store};
+use crate::store::{Applied, IngestOp, Store, StoreError};
+use crate::BoxFuture;
+use kafka_delay_core::clock::Clock;
+use kafka_delay_core::id::Pid;
+use kafka_delay_core::record::{Command, Contract, HeaderRef, Incoming, Reject};
+
+/// The last offset of each source partition in a group, by the partition's store id.
+pub type Last<'m> = HashMap<Pid, (&'m str, i32, i64)>;
+
+/// A group of records RocksDB has taken, for the durability mode to make safe beyond this disk.
+#[derive(Debug)]
+pub struct Stored<'a, 'm> {
+    /// The group's store operations, in offset order.
+    pub ops: &'a [IngestOp],
+    /// What RocksDB did with them.
+    pub applied: &'a Applied,
+    /// The last offset of each source partition; the mode leaves out partitions that are no
+    /// longer owned here.
+    pub last: &'a mut Last<'m>,
+    /// The group's rejected records.
+    pub dead: &'a [DeadLetter],
+    /// Where rejected records go.
+    pub dead_letters: &'a DeadLetters,
+    /// Turns true when the broker stops: a write that keeps failing gives up then.
+    pub stopping: Option<&'a watch::Receiver<bool>>,
+}
+
+/// How a group's source offsets reach the consumer group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetCommit {
+    /// Stored in the consumer once the group is safe; auto-committed, and committed at
+    /// shutdown.
+    Consumer,
+    /// Committed by the mode with the group itself: ingest commits nothing.
+    WithGroup,
+}
+
+/// What the durability mode does with each group ingest takes. Built once at start (see
+/// `crate::durability`); ingest never asks which mode it runs in.
+pub trait Durable: Send + Sync + std::fmt::Debug {
+    /// Where each source partition resumes when ingest starts (anything below was stored).
+    /// Blocking.
+    ///
+    /// # Errors
+    /// RocksDB could not be read.
+    fn start_offsets(&self) -> Result<HashMap<Pid, i64>, StoreError>;
+    /// Where the partitions handed to this instance since the last call resume.
+    fn resumed(&self) -> HashMap<Pid, i64>;
+    /// Before the group is stored: what becomes of its rejected records.
+    fn before_store<'a>(
+        &'a self,
+        dead_letters: &'a DeadLetters,
+        dead: &'a [DeadLetter],
+    ) -> BoxFuture<'a, ()>;
+    /// After RocksDB took the group, before its offsets are stored and its records reach the
+    /// wheel: makes it safe beyond this disk. `false`: not made safe (stopping, or none of its
+    /// partitions is owned here any more); nothing of the group is acknowledged.
+    fn after_store<'a, 'm: 'a>(&'a self, group: Stored<'a, 'm>) -> BoxFuture<'a, bool>;
+    /// How source offsets reach the group.
+    fn offset_commit(&self) -> OffsetCommit;
+    /// Most records in one group.
+    fn max_group(&self) -> usize;
+}
+
+/// What the durability mode does when source partitions change owner (called in the consumer's
+/// rebalance callback).
+pub trait Rebalance: Send + Sync + std::fmt::Debug {
+    /// Before `tpl` is assigned: may set where its partitions start.
+    fn assigning(&self, tpl: &mut TopicPartitionList);
+    /// Once `tpl` is assigned.
+    fn assigned(&self, consumer: &BaseConsumer<IngestContext>, tpl: &TopicPartitionList);
+    /// Before `tpl` is let go.
+    fn revoking(&self, tpl: &TopicPartitionList);
+}
 
 /// Longest wait for the commit of the stored offsets at shutdown. librdkafka's synchronous
 /// commit has no timeout of its own, and one was seen waiting forever (a CI run, with the mock
@@ -78,7 +151,7 @@ struct Interpreted<'m> {
     /// The rejected records, for the dead-letter topic.
     dead: Vec<DeadLetter>,
     /// The last offset of each source partition in the group, by the partition's store id.
-    last: exactly::Last<'m>,
+    last: Last<'m>,
 }
 
 /// The ingest task's state.
@@ -103,13 +176,10 @@ pub struct Ingest {
     pub store_healthy: Arc<AtomicBool>,
     /// Creates the targets' retry dead-letter topics on first use.
     pub dead_letter_topics: TopicCreator,
-    /// Most records in one group ([`max_group`]).
-    pub max_group: usize,
     /// Set by [`Ingest::run`]: a RocksDB write that keeps failing gives up when it turns true.
     pub stopping: Option<watch::Receiver<bool>>,
-    /// With a changelog: every group is written to it before its offsets are stored, and
-    /// only partitions restored here are ingested.
-    pub handoff: Option<Arc<Handoff>>,
+    /// What makes each group safe, and how its offsets are committed.
+    pub durability: Arc<dyn Durable>,
 }
 
 impl std::fmt::Debug for Ingest {
@@ -141,7 +211,8 @@ impl Ingest {
                 }
             };
             let mut group = vec![first];
-            while group.len() < self.max_group {
+            let max_group = self.durability.max_group();
+            while group.len() < max_group {
                 match ready_now(consumer.recv()) {
                     Some(Ok(m)) => group.push(m),
                     _ => break,
@@ -161,9 +232,7 @@ impl Ingest {
                 let _ = tpl.add_partition_offset(&topic, partition, rdkafka::Offset::Offset(*next));
             }
         }
-        // With transactions every offset committed with its group.
-        let transactional = self.handoff.as_ref().is_some_and(|h| h.exactly_once());
-        if tpl.count() == 0 || transactional {
+        if tpl.count() == 0 || self.durability.offset_commit() == OffsetCommit::WithGroup {
             return;
         }
         let partitions = tpl.count();
@@ -189,47 +258,39 @@ impl Ingest {
                 "group"
             );
         }
-        if let Some(h) = &self.handoff {
-            let resumed =
-                std::mem::take(&mut *h.resumes().lock().unwrap_or_else(|e| e.into_inner()));
-            self.next_offsets.extend(resumed);
-        }
+        self.next_offsets.extend(self.durability.resumed());
         let now = self.clock.now_ms();
-        let Interpreted { ops, dead, last } = self.interpret(&group, now).await;
+        let Interpreted {
+            ops,
+            dead,
+            mut last,
+        } = self.interpret(&group, now).await;
         if ops.is_empty() {
             return;
         }
         let ops = Arc::new(ops);
         crate::failpoint::hit("after-consume");
-        let transactions = self
-            .handoff
-            .as_ref()
-            .and_then(|h| h.transactions().cloned());
-        if !dead.is_empty() && transactions.is_none() {
-            self.dead_letters(&dead).await;
-        }
+        self.durability.before_store(&self.dead, &dead).await;
         let Some(applied) = self.apply(ops.clone(), now).await else {
             // Stopping while RocksDB refuses writes: no offset is stored for this group, so
             // Kafka delivers it again after the restart.
             return;
         };
         crate::failpoint::hit("after-store-write");
-        let mut last = last;
-        if let (Some(h), Some(t)) = (self.handoff.clone(), &transactions) {
-            if !self
-                .commit_group(&h, t, (&ops, &applied), &mut last, &dead)
-                .await
-            {
-                return; // not committed: consumed again, here or by the new owner
-            }
-        } else if let Some(h) = self.handoff.clone() {
-            if !self.log_changes(&h, &ops, &applied, &last).await {
-                return; // stopping: the changelog has not confirmed the group, nor Kafka
-            }
+        let stored = Stored {
+            ops: &ops,
+            applied: &applied,
+            last: &mut last,
+            dead: &dead,
+            dead_letters: &self.dead,
+            stopping: self.stopping.as_ref(),
+        };
+        if !self.durability.after_store(stored).await {
+            return; // not made safe: consumed again, here or by the new owner
         }
+        let store_offsets = self.durability.offset_commit() == OffsetCommit::Consumer;
         for (pid, (topic, partition, offset)) in last {
-            // With transactions the offsets committed with the group.
-            if transactions.is_none() {
+            if store_offsets {
                 if let Err(e) = self.consumer.store_offset(topic, partition, offset) {
                     debug!(%topic, partition, error = %e, "offset not stored (partition revoked?)");
                 }
@@ -281,7 +342,7 @@ impl Ingest {
                 Some((t, p, pid, ours)) if t == topic && p == partition => (pid, ours),
                 _ => {
                     let pid = self.partition_id(topic, partition).await;
-                    let ours = self.handoff.is_none() || self.store.owns(pid);
+                    let ours = self.store.owns(pid);
                     current = Some((topic, partition, pid, ours));
                     (pid, ours)
                 }
@@ -380,28 +441,23 @@ impl Ingest {
     }
 
     async fn partition_id(&self, topic: &str, partition: i32) -> Pid {
-        let mut delay = Duration::from_millis(100);
+        let mut backoff = Backoff::standard();
         loop {
             match self.store.partition_id(topic, partition) {
                 Ok(pid) => return pid,
                 Err(e) => {
                     error!(%topic, partition, error = %e, "cannot register source partition; retrying");
-                    tokio::time::sleep(delay).await;
-                    delay = (delay * 2).min(Duration::from_secs(10));
+                    backoff.wait().await;
                 }
             }
         }
-    }
-
-    async fn dead_letters(&self, dead: &[DeadLetter]) {
-        self.dead.deliver_all(dead, Duration::from_secs(60)).await;
     }
 
     /// Writes the group's effects (records that arrived at `now`), retrying until RocksDB takes
     /// them or the broker stops.
     async fn apply(&self, ops: Arc<Vec<IngestOp>>, now: u64) -> Option<Applied> {
         // Shared with the blocking write, not copied: a retry after a failed write uses it again.
-        let mut delay = Duration::from_millis(100);
+        let mut backoff = Backoff::standard();
         loop {
             if self.stopping.as_ref().is_some_and(|s| *s.borrow()) {
                 return None;
@@ -419,80 +475,9 @@ impl Ingest {
                 }
                 Err(e) => error!(error = %e, "store write task failed; retrying"),
             }
-            tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(Duration::from_secs(10));
+            backoff.wait().await;
         }
     }
-}
-
-impl Ingest {
-    /// Writes what a group changed to the changelog, per source partition, and waits for it;
-    /// then checkpoints each partition. Tried again until it works; `false` when stopping
-    /// first.
-    async fn log_changes(
-        &self,
-        h: &Handoff,
-        ops: &[IngestOp],
-        applied: &Applied,
-        last: &HashMap<Pid, (&str, i32, i64)>,
-    ) -> bool {
-        let mut by_pid = changes_by_pid(ops, applied);
-        for (pid, &(topic, partition, offset)) in last {
-            let entries = by_pid.entry(*pid).or_default();
-            entries.push(Entry::SourceOffset(offset + 1));
-            let mut delay = Duration::from_millis(100);
-            loop {
-                match h.changelog().write(topic, partition, entries).await {
-                    Ok(next) => {
-                        let at = Checkpoint {
-                            changelog_next: next,
-                            source_next: Some(offset + 1),
-                        };
-                        if let Err(e) = self.store.set_checkpoint(*pid, at) {
-                            warn!(%topic, partition, error = %e, "cannot write the changelog checkpoint");
-                        }
-                        break;
-                    }
-                    Err(e) => {
-                        error!(%topic, partition, error = %e,
-                               "cannot write to the changelog; consumption paused, retrying");
-                        if self.stopping.as_ref().is_some_and(|s| *s.borrow()) {
-                            return false;
-                        }
-                        tokio::time::sleep(delay).await;
-                        delay = (delay * 2).min(Duration::from_secs(10));
-                    }
-                }
-            }
-        }
-        true
-    }
-}
-
-/// What a group changed, per source partition, as changelog entries: its records, then what
-/// they removed (replaced or cancelled).
-fn changes_by_pid<'a>(ops: &'a [IngestOp], applied: &Applied) -> HashMap<Pid, Vec<Entry<'a>>> {
-    let mut by_pid: HashMap<Pid, Vec<Entry<'a>>> = HashMap::new();
-    for op in ops {
-        if let IngestOp::Schedule {
-            pid,
-            offset,
-            schedule,
-        } = op
-        {
-            by_pid
-                .entry(*pid)
-                .or_default()
-                .push(Entry::Record(*offset, schedule));
-        }
-    }
-    for rid in &applied.removed {
-        by_pid
-            .entry(rid.pid())
-            .or_default()
-            .push(Entry::Gone(rid.offset()));
-    }
-    by_pid
 }
 
 #[cfg(test)]

@@ -11,10 +11,16 @@ use tracing::{debug, error, info, warn};
 use super::failure::{classify, Failure};
 use super::reports::{Completions, Sent};
 use super::{history, AttemptMap, Fault, Outcome, Publisher};
+use crate::backoff::Backoff;
 use crate::dead_letter::{DeadLetter, Origin};
-use crate::record::{names, Header, HeaderRef, Reason, Reject};
 use crate::scheduler::Wake;
-use crate::store::{ReadMark, RecordId, StoredRecord};
+use crate::store::ReadMark;
+use kafka_delay_core::id::RecordId;
+use kafka_delay_core::record::StoredRecord;
+use kafka_delay_core::record::{names, Header, HeaderRef, Reason, Reject};
+
+/// How often a delete after delivery is tried (over about 6 s) before it is given up.
+pub(crate) const DELETE_TRIES: u32 = 8;
 
 /// What became of a record whose delivery failed.
 enum Failed {
@@ -99,10 +105,10 @@ impl Publisher {
         self.count_fired(&finished, attempts);
         self.history.extend(fired);
         finished.append(&mut dead_lettered);
-        // With exactly-once, each was deleted as its transaction committed.
-        if !finished.is_empty() && !self.exactly_once() {
-            crate::failpoint::hit("after-delivery");
-            self.delete(Arc::new(finished), read_at).await;
+        if !finished.is_empty() {
+            self.delivery
+                .finish(self, Arc::new(finished), read_at)
+                .await;
         }
         // The store released the deleted ones' claims; these are given back to try again.
         self.store.release(retry.iter().map(|&(_, id)| id));
@@ -243,12 +249,15 @@ impl Publisher {
                 offset: id.offset(),
             },
         };
-        if let Some(t) = self.transactions() {
-            return self.dead_letter_in_transaction(t, sent, &dl).await;
-        }
-        match self.dead.deliver(&dl, Duration::from_secs(30)).await {
+        self.delivery.dead_letter(self, sent, &dl).await
+    }
+
+    /// Writes a dead letter of an undeliverable record and waits for it; `true` once written.
+    pub(crate) async fn dead_letter_now(&self, dl: &DeadLetter) -> bool {
+        match self.dead.deliver(dl, Duration::from_secs(30)).await {
             Ok(()) => {
-                warn!(target = %record.target(), reason = %reason, attempts,
+                warn!(origin = %dl.origin.topic, partition = dl.origin.partition,
+                      offset = dl.origin.offset, reason = %dl.reject.reason,
                       "record dead-lettered after failed deliveries");
                 true
             }
@@ -262,23 +271,11 @@ impl Publisher {
     /// The store's delete after delivery, on a blocking thread, tried again with backoff for a
     /// few seconds; given up after that (the records fire again after a restart), and their
     /// claims given back.
-    async fn delete(&self, finished: Arc<Vec<Arc<Sent>>>, read_at: ReadMark) {
-        // A revoke waits until the tombstones are handed to the changelog's producer.
-        if let Some(h) = &self.handoff {
-            h.owe();
-        }
-        self.delete_in_store(finished.clone(), read_at).await;
-        if let Some(h) = &self.handoff {
-            h.changelog()
-                .gone(&self.store, finished.iter().map(|s| s.id))
-                .await;
-            h.paid();
-        }
-    }
-
-    async fn delete_in_store(&self, finished: Arc<Vec<Arc<Sent>>>, read_at: ReadMark) {
-        let mut delay = Duration::from_millis(50);
+    pub(crate) async fn delete_in_store(&self, finished: Arc<Vec<Arc<Sent>>>, read_at: ReadMark) {
+        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+        let mut tries = 0;
         loop {
+            tries += 1;
             let store = self.store.clone();
             let batch = finished.clone();
             let result = tokio::task::spawn_blocking(move || {
@@ -289,7 +286,7 @@ impl Publisher {
             .await;
             match result {
                 Ok(Ok(_)) => return,
-                Ok(Err(e)) if delay < Duration::from_secs(5) => {
+                Ok(Err(e)) if tries < DELETE_TRIES => {
                     warn!(error = %e, "cannot delete delivered records yet; retrying");
                 }
                 other => {
@@ -299,8 +296,7 @@ impl Publisher {
                     return;
                 }
             }
-            tokio::time::sleep(delay).await;
-            delay *= 2;
+            backoff.wait().await;
         }
     }
 }

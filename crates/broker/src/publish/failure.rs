@@ -4,7 +4,7 @@
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 
-use crate::record::Reason;
+use kafka_delay_core::record::Reason;
 
 /// How failed deliveries are retried.
 #[derive(Debug, Clone, Copy)]

@@ -8,14 +8,16 @@ use tracing::{error, info};
 
 use super::reports::Sent;
 use super::{AttemptMap, Publisher};
-use crate::limit::{Decision, Limiter};
 use crate::scheduler::{Due, Wake};
-use crate::store::{FireBatch, ReadFailed, StoredRecord, ToFire};
+use crate::store::{FireBatch, ReadFailed, ToFire};
+use kafka_delay_core::limit::{Decision, Limiter};
+use kafka_delay_core::record::StoredRecord;
 
 impl Publisher {
     /// Fires a batch of due timers: the store claims and reads their records (see
     /// [`Store::claim`](crate::store::Store::claim)), the fire limits pick what goes now, and
-    /// each of those is produced once an in-flight permit is free.
+    /// each of those is sent (by the durability mode's [`Delivery`](super::Delivery)) once an
+    /// in-flight permit is free.
     pub(super) async fn fire(
         &self,
         batch: Vec<Due>,
@@ -52,23 +54,15 @@ impl Publisher {
             }
         }
         let go = self.limit(records, limiter).await;
-        let transactions = self.transactions();
-        if transactions.is_none() && self.exactly_once() && !go.is_empty() {
-            // Exactly-once before its transaction loop runs: nothing may fire outside one.
-            let timers: Vec<_> = go.iter().map(|(f, _)| (f.at_ms, f.id)).collect();
-            self.store.release(timers.iter().map(|t| t.1));
-            self.retry_in_a_second(&timers).await;
-            return;
-        }
-        let mut in_transaction = Vec::new();
+        // Each record takes an in-flight permit; what holds one goes out before this waits
+        // for another (in a transaction, only its outcome frees the permits it holds).
+        let mut ready = Vec::with_capacity(go.len());
         for (fire, released_ms) in go {
-            // The records gathered for a transaction hold permits: they go before this waits
-            // for one that only their outcome can free.
             let permit = match sem.clone().try_acquire_owned() {
                 Ok(p) => p,
                 Err(_) => {
-                    if let Some(t) = transactions.clone().filter(|_| !in_transaction.is_empty()) {
-                        self.fire_in_transaction(t, std::mem::take(&mut in_transaction));
+                    if !ready.is_empty() {
+                        self.delivery.send(self, std::mem::take(&mut ready)).await;
                     }
                     // `run` owns the semaphore and never closes it.
                     let Ok(p) = sem.clone().acquire_owned().await else {
@@ -77,22 +71,17 @@ impl Publisher {
                     p
                 }
             };
-            let sent = Arc::new(Sent {
+            ready.push(Arc::new(Sent {
                 id: fire.id,
                 record: fire.record,
                 _permit: permit,
                 sent_ms: self.clock.now_ms(),
                 released_ms,
                 read_at,
-            });
-            if transactions.is_some() {
-                in_transaction.push(sent);
-            } else if let Err((e, sent)) = self.produce(sent).await {
-                self.reports.send(sent, Err(e));
-            }
+            }));
         }
-        if let Some(t) = transactions.filter(|_| !in_transaction.is_empty()) {
-            self.fire_in_transaction(t, in_transaction);
+        if !ready.is_empty() {
+            self.delivery.send(self, ready).await;
         }
     }
 
@@ -130,7 +119,7 @@ impl Publisher {
     }
 
     /// Sends timers whose read failed (their claims given back) to the scheduler again.
-    async fn retry_in_a_second(&self, timers: &[(u64, crate::store::RecordId)]) {
+    pub(super) async fn retry_in_a_second(&self, timers: &[(u64, kafka_delay_core::id::RecordId)]) {
         let at = self.clock.now_ms() + 1_000;
         let retry = timers.iter().map(|&(_, id)| (at, id)).collect();
         let _ = self.retries.send(Wake::Retry(retry)).await;

@@ -16,7 +16,6 @@
 //! so one unavailable target never holds up the others.
 
 mod complete;
-mod exactly;
 mod failure;
 mod fire;
 pub mod history;
@@ -32,14 +31,16 @@ use rdkafka::producer::Producer;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tracing::{error, warn};
 
-use crate::clock::Clock;
-use crate::dead_letter::DeadLetters;
-use crate::hashing::BuildMul;
-use crate::limit::{Limiter, Limits};
+use crate::dead_letter::{DeadLetter, DeadLetters};
 use crate::metrics::Metrics;
 use crate::scheduler::{Due, Inserts};
-use crate::store::{RecordId, Store};
+use crate::store::{ReadMark, Store};
+use crate::BoxFuture;
 pub use failure::{classify, Failure, RetryPolicy, ERROR_KINDS};
+use kafka_delay_core::clock::Clock;
+use kafka_delay_core::hashing::BuildMul;
+use kafka_delay_core::id::RecordId;
+use kafka_delay_core::limit::{Limiter, Limits};
 use reports::{Completions, PublishProducer, Reports, Sent};
 
 #[derive(Debug, Default, Clone, Copy)]
@@ -94,8 +95,32 @@ pub struct Publisher {
     pub limits: Arc<Limits>,
     /// The most recently fired records, for the console.
     pub history: history::History,
-    /// With a changelog: a delivered record's tombstone goes there.
-    pub handoff: Option<Arc<crate::changelog::handoff::Handoff>>,
+    /// What the durability mode does around firing.
+    pub delivery: Arc<dyn Delivery>,
+}
+
+/// What the durability mode does around firing. Built once at start (see
+/// `crate::durability`); the publisher never asks which mode it runs in.
+pub trait Delivery: Send + Sync + std::fmt::Debug {
+    /// Sends records, each holding its in-flight permit, to their targets; each outcome
+    /// reaches the completion task through [`Publisher::reports`].
+    fn send<'a>(&'a self, p: &'a Publisher, sents: Vec<Arc<Sent>>) -> BoxFuture<'a, ()>;
+    /// Records that reached their target or the dead-letter topic: their delete here (and
+    /// wherever else the mode keeps them), unless the mode deleted them as they fired.
+    fn finish<'a>(
+        &'a self,
+        p: &'a Publisher,
+        done: Arc<Vec<Arc<Sent>>>,
+        read_at: ReadMark,
+    ) -> BoxFuture<'a, ()>;
+    /// Writes a record that cannot be delivered to the dead-letter topic; `true` once it is
+    /// there (and, where the mode deletes as it writes, deleted).
+    fn dead_letter<'a>(
+        &'a self,
+        p: &'a Publisher,
+        sent: &'a Arc<Sent>,
+        dl: &'a DeadLetter,
+    ) -> BoxFuture<'a, bool>;
 }
 
 impl std::fmt::Debug for Publisher {

@@ -10,14 +10,15 @@ use rdkafka::producer::BaseRecord;
 
 use super::reports::Sent;
 use super::Publisher;
-use crate::record::names;
-use crate::store::{RecordId, StoredRecord};
+use kafka_delay_core::id::RecordId;
+use kafka_delay_core::record::names;
+use kafka_delay_core::record::StoredRecord;
 
 impl Publisher {
     /// The record's headers and the provenance headers added to every published record, built
     /// straight into librdkafka's headers (no copy of the record's own first, no string per
     /// number, the source topic read in place).
-    pub(super) fn provenance(
+    pub(crate) fn provenance(
         &self,
         id: RecordId,
         record: &StoredRecord,
@@ -47,7 +48,7 @@ impl Publisher {
 
     /// Hands a record to the producer; its outcome arrives through [`Reports`]. A full queue
     /// is waited out; any other refusal is returned with the record.
-    pub(super) async fn produce(&self, mut sent: Arc<Sent>) -> Result<(), (KafkaError, Arc<Sent>)> {
+    pub(crate) async fn produce(&self, mut sent: Arc<Sent>) -> Result<(), (KafkaError, Arc<Sent>)> {
         // The produce call borrows the topic, key and value from this handle while the record
         // travels as the delivery opaque.
         let borrowed = sent.clone();

@@ -14,10 +14,12 @@ use rdkafka::ClientContext;
 use tokio::sync::{mpsc, OwnedSemaphorePermit};
 
 use super::Outcome;
-use crate::clock::Clock;
 use crate::config::Config;
 use crate::kafka::{producer_config, KafkaSetupError};
-use crate::store::{ReadMark, RecordId, StoredRecord};
+use crate::store::ReadMark;
+use kafka_delay_core::clock::Clock;
+use kafka_delay_core::id::RecordId;
+use kafka_delay_core::record::StoredRecord;
 
 /// A record handed to the producer, until its outcome has been handled (it holds the
 /// in-flight permit until then).

@@ -23,8 +23,8 @@ use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
 use crate::config::{parse_kafka_prop, ConfigError, KafkaProp};
 use crate::kafka::{client_config, headers_from, headers_to};
-use crate::record::{names, Header};
-use crate::retry::names as retry;
+use kafka_delay_core::record::{names, Header};
+use kafka_delay_core::retry::names as retry;
 
 /// Flags of `kafka-delay replay`.
 #[derive(Debug, Args, Clone)]

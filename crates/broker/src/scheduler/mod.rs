@@ -27,10 +27,11 @@ use std::time::Duration;
 use tokio::sync::{mpsc, watch};
 use tracing::warn;
 
-use crate::clock::Clock;
 use crate::metrics::Metrics;
-use crate::store::{due_key_after, RecordId, Store, StoreError};
-use crate::wheel::{Elapsed, Wheel};
+use crate::store::{due_key_after, Store, StoreError};
+use kafka_delay_core::clock::Clock;
+use kafka_delay_core::id::RecordId;
+use kafka_delay_core::wheel::{Elapsed, Wheel};
 
 /// Most records handed to the publisher in one batch.
 const MAX_BATCH: usize = 512;

@@ -1,5 +1,5 @@
 use super::*;
-use crate::clock::ManualClock;
+use kafka_delay_core::clock::ManualClock;
 
 use prometheus::Registry;
 

@@ -3,16 +3,14 @@
 //!
 //! | column   | key                                   | value                              |
 //! |----------|---------------------------------------|------------------------------------|
-//! | records  | [`RecordKey`]: `RecordId` (8 B)       | [`StoredRecord`] (versioned binary) |
+//! | records  | [`RecordKey`]: `RecordId` (8 B)       | `StoredRecord` (versioned binary) |
 //! | due      | [`DueKey`]: `due_ms` (8 B) ++ `RecordId` (8 B) | target topic (UTF-8)      |
 //! | ids      | [`IdKey`]: `pid` (2 B) ++ delay-id bytes | [`IdValue`]: `RecordId` (8 B) ++ `due_ms` (8 B) |
 //! | offsets  | [`PidKey`]: `pid` (2 B)               | [`NextOffset`] (8 B)               |
 //! | meta     | [`MetaKey`]: `p` ++ topic ++ `0x00` ++ partition, `k` ++ `pid` (a changelog checkpoint), or a flag | `pid` (2 B), the checkpoint (16 B), or `1` |
 //! | counts   | [`CountKey`]: `t` ++ target, or `m` ++ minute (8 B) | [`Count`] (8 B)       |
 
-pub use crate::record::StoredRecord;
-
-pub use kafka_delay_core::id::{Pid, RecordId, MAX_OFFSET};
+use kafka_delay_core::id::{Pid, RecordId};
 
 /// Key of the `records` column.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -205,6 +203,7 @@ bytes!(RecordKey, DueKey, IdKey, IdValue, PidKey, NextOffset, MetaKey, CountKey,
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kafka_delay_core::id::MAX_OFFSET;
 
     #[test]
     fn record_ids_pack_and_order() {

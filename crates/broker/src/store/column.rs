@@ -5,8 +5,9 @@
 use rocksdb::{ColumnFamily, WriteBatch};
 
 use super::codec::{
-    Count, CountKey, DueKey, IdKey, IdValue, MetaKey, NextOffset, PidKey, RecordKey, StoredRecord,
+    Count, CountKey, DueKey, IdKey, IdValue, MetaKey, NextOffset, PidKey, RecordKey,
 };
+use kafka_delay_core::record::StoredRecord;
 
 /// A column family of the store.
 pub(super) trait Column {

@@ -13,14 +13,16 @@ use std::collections::HashSet;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use crate::hashing::BuildMul;
+use kafka_delay_core::hashing::BuildMul;
 
 use super::codec::{DueKey, IdKey, IdValue, RecordKey};
 use super::column::{Ids, Records};
-use super::handoff::Owned;
 use super::near::Near;
+use super::replica::Owned;
 use super::stats::{Changes, PendingStats};
-use super::{io, Pid, RecordId, Result, Store, StoreError, StoredRecord};
+use super::{io, Result, Store, StoreError};
+use kafka_delay_core::id::{Pid, RecordId};
+use kafka_delay_core::record::StoredRecord;
 
 /// What the `firing` lock guards: records kept in memory and the records claimed.
 #[derive(Debug)]
@@ -227,6 +229,12 @@ impl Store {
     /// Whether `rid` is being fired (claimed, not yet deleted or released).
     pub fn is_claimed(&self, rid: RecordId) -> bool {
         self.lock_firing().is_claimed(rid)
+    }
+
+    /// Whether operators must leave `rid` alone now: it is being fired, and records being
+    /// fired are protected ([`Store::protect_claimed`]).
+    pub fn is_protected(&self, rid: RecordId) -> bool {
+        self.protect_claimed.load(Ordering::Relaxed) && self.is_claimed(rid)
     }
 
     /// From now on operators' cancels and moves leave records being fired alone (exactly-once:

@@ -5,12 +5,14 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
-use crate::hashing::BuildMul;
+use kafka_delay_core::hashing::BuildMul;
 
 use super::codec::{DueKey, IdKey, IdValue, NextOffset, PidKey, RecordKey};
 use super::column::{Batch, Due, Ids, Offsets, Records};
 use super::stats::Changes;
-use super::{Pid, RecordId, Result, Store, StoreError, StoredRecord};
+use super::{Result, Store, StoreError};
+use kafka_delay_core::id::{Pid, RecordId};
+use kafka_delay_core::record::StoredRecord;
 
 /// One step of an ingest batch: what a consumed record does to the state.
 #[derive(Debug, Clone)]

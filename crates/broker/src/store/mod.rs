@@ -44,13 +44,13 @@ pub mod codec;
 mod column;
 mod fire;
 mod gather;
-mod handoff;
 mod ingest;
 pub mod near;
 mod operator;
 mod partitions;
 mod read;
 mod recovery;
+mod replica;
 pub mod stats;
 pub mod wal;
 
@@ -61,11 +61,11 @@ use std::time::Instant;
 
 use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Options, WriteOptions, DB};
 
+pub use codec::due_key_after;
 use codec::DueKey;
-pub use codec::{due_key_after, Pid, RecordId, StoredRecord};
 use column::{Batch, Column};
 pub use fire::{Claim, FireBatch, ReadFailed, ReadMark, ToFire};
-pub use handoff::{Checkpoint, Restored};
+
 pub use ingest::{Applied, IngestOp};
 pub use read::{Page, Position};
 use stats::{PendingStats, Snapshot};

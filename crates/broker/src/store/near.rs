@@ -19,8 +19,9 @@
 
 use std::collections::HashMap;
 
-use super::{RecordId, StoredRecord};
-use crate::hashing::BuildMul;
+use kafka_delay_core::hashing::BuildMul;
+use kafka_delay_core::id::RecordId;
+use kafka_delay_core::record::StoredRecord;
 
 /// A kept record due this long ago that was never asked for is dropped when the memory is
 /// full: firing is ms late, so one not asked for by then is not going to be.

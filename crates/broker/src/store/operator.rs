@@ -9,7 +9,9 @@ use std::sync::atomic::Ordering;
 use super::codec::{DueKey, IdKey, IdValue, RecordKey};
 use super::column::{Batch, Due, Ids, Records};
 use super::stats::Changes;
-use super::{RecordId, Result, Store, StoredRecord};
+use super::{Result, Store};
+use kafka_delay_core::id::RecordId;
+use kafka_delay_core::record::StoredRecord;
 
 impl Store {
     /// Cancels one pending record (an operator's action). Returns it, `None` when it is not

@@ -7,7 +7,8 @@ use rocksdb::WriteOptions;
 
 use super::codec::{MetaKey, NextOffset, PidKey};
 use super::column::{Meta, Offsets};
-use super::{io, Pid, Result, Store, StoreError};
+use super::{io, Result, Store, StoreError};
+use kafka_delay_core::id::Pid;
 
 /// The source partitions seen, by name and by id.
 #[derive(Debug, Default)]

@@ -6,10 +6,12 @@ use std::sync::atomic::Ordering;
 
 use rocksdb::ReadOptions;
 
-use super::codec::{DueKey, IdKey, IdValue, Pid, RecordKey};
+use super::codec::{DueKey, IdKey, IdValue, RecordKey};
 use super::column::{Due, Ids, Records};
 use super::recovery::{due_entry_key, due_entry_target};
-use super::{io, RecordId, Result, Store, StoreError, StoredRecord};
+use super::{io, Result, Store, StoreError};
+use kafka_delay_core::id::{Pid, RecordId};
+use kafka_delay_core::record::StoredRecord;
 
 /// Where a listing of the due index starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 use super::codec::{Count, CountKey, DueKey, MetaKey};
 use super::column::{Batch, Counts, Due, Meta};
 use super::stats::{PendingStats, Summed};
-use super::{io, RecordId, Result, Store, StoreError};
+use super::{io, Result, Store, StoreError};
+use kafka_delay_core::id::RecordId;
 
 impl Store {
     /// Adds to `batch` the new value of every persisted count that `changes` (target, due,

@@ -1,5 +1,8 @@
 use super::*;
-use crate::record::Header;
+use kafka_delay_core::changelog::{Checkpoint, Restored};
+use kafka_delay_core::id::RecordId;
+use kafka_delay_core::record::Header;
+use kafka_delay_core::record::StoredRecord;
 use proptest::prelude::*;
 use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;

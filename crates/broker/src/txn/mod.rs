@@ -13,6 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use kafka_delay_core::id::Pid;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
@@ -20,8 +21,6 @@ use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{FutureProducer, Producer};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
-
-use crate::store::Pid;
 
 mod run;
 

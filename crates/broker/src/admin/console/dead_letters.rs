@@ -17,8 +17,8 @@ use serde_json::{json, Value};
 
 use crate::config::KafkaProp;
 use crate::kafka::{client_config, headers_from};
-use crate::record::{names, Header};
 use crate::replay::Filter;
+use kafka_delay_core::record::{names, Header};
 
 /// Most records read back from each partition for one listing.
 const READ_BACK: i64 = 5_000;

@@ -26,11 +26,11 @@ use std::sync::Arc;
 use tokio::sync::watch;
 
 use crate::admin::{bad, internal, Admin, ApiError, ApiResult};
-use crate::clock::Clock;
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::publish::history;
 use crate::replay::{Filter, Replay};
+use kafka_delay_core::clock::Clock;
 
 /// The page.
 const INDEX: &str = include_str!("assets/index.html");

@@ -1,6 +1,6 @@
-//! A source partition's state moving between instances: which partitions this store owns
-//! (only those fire), the checkpoint of the changelog it reflects, restoring changelog entries
-//! into it, and dropping a partition's state when it leaves.
+//! The store as a replica of the changelog: which source partitions this store owns (only
+//! those fire), the checkpoint of the changelog it reflects, restoring changelog entries into
+//! it, and dropping a partition's state when it leaves.
 //!
 //! With a changelog, the local store is a cache of it. Every change reaches RocksDB before the
 //! changelog, so the changelog below the checkpoint is reflected here; restoring from the
@@ -12,12 +12,15 @@ use std::borrow::Cow;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
 
-use crate::hashing::BuildMul;
+use kafka_delay_core::hashing::BuildMul;
 
 use super::codec::{DueKey, IdKey, IdValue, MetaKey, NextOffset, PidKey, RecordKey};
 use super::column::{Batch, Due, Ids, Meta, Offsets, Records};
 use super::stats::Changes;
-use super::{io, Pid, RecordId, Result, Store, StoreError, StoredRecord};
+use super::{io, Result, Store, StoreError};
+use kafka_delay_core::changelog::{Checkpoint, Restored};
+use kafka_delay_core::id::{Pid, RecordId};
+use kafka_delay_core::record::StoredRecord;
 
 /// Which source partitions fire from this store.
 #[derive(Debug)]
@@ -35,53 +38,6 @@ impl Owned {
             Owned::All => true,
             Owned::Only(set) => set.contains(&pid),
         }
-    }
-}
-
-/// One changelog entry, as restored.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Restored {
-    /// The record at this source offset is pending, as given.
-    Record {
-        /// Source offset.
-        offset: i64,
-        /// The record.
-        record: StoredRecord,
-    },
-    /// The record at this source offset is not pending (fired, cancelled or replaced).
-    Gone {
-        /// Source offset.
-        offset: i64,
-    },
-    /// Ingest had consumed the source partition up to here (exclusive).
-    SourceOffset(i64),
-}
-
-/// The changelog position the local state of a partition reflects.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Checkpoint {
-    /// Every changelog entry below this offset is reflected in the local state.
-    pub changelog_next: i64,
-    /// The next source offset to consume, as the changelog confirms it (`None`: nothing
-    /// consumed yet).
-    pub source_next: Option<i64>,
-}
-
-impl Checkpoint {
-    fn encode(self) -> [u8; 16] {
-        let mut v = [0u8; 16];
-        v[..8].copy_from_slice(&self.changelog_next.to_be_bytes());
-        v[8..].copy_from_slice(&self.source_next.unwrap_or(-1).to_be_bytes());
-        v
-    }
-
-    fn decode(v: &[u8]) -> Option<Self> {
-        let changelog_next = i64::from_be_bytes(v.get(..8)?.try_into().ok()?);
-        let source = i64::from_be_bytes(v.get(8..16)?.try_into().ok()?);
-        Some(Self {
-            changelog_next,
-            source_next: (source >= 0).then_some(source),
-        })
     }
 }
 

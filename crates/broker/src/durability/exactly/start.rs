@@ -1,38 +1,39 @@
-//! Starting exactly-once firing: the transactional producer and its loop, handed to the
-//! handoff, where ingest and the publisher find it.
+//! Starting the exactly-once mode: the transactional producer and its loop, before ingest or
+//! the publisher can hand it anything.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::Consumer;
 use rdkafka::producer::FutureProducer;
+use tokio::task::JoinHandle;
 use tracing::info;
 
-use super::StartError;
-use crate::changelog::handoff::Handoff;
+use super::{Consumed, Exactly};
 use crate::config::{millis, Config};
-use crate::ingest::IngestContext;
-use crate::kafka::transactional_producer_config;
+use crate::durability::{Context, DurabilityError, Grouped};
+use crate::kafka::{transactional_producer_config, KafkaSetupError};
+use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::txn::{Cut, Setup, Transactions};
 
 /// Longest a commit, abort or offset send may block.
 const TRANSACTION_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
-/// With `--exactly-once`: initializes the transactional producer (fencing whatever a previous
-/// run of this instance left open) and starts the loop. Fails when the cluster cannot run
-/// transactions.
-pub(super) async fn start(
+/// Initializes the transactional producer (fencing whatever a previous run of this instance
+/// left open) and starts the loop; returns the mode and the loop's task.
+///
+/// # Errors
+/// The cluster cannot run transactions, or the producer cannot be made.
+pub(in crate::durability) async fn start(
     config: &Config,
+    id: &str,
     store: &Arc<Store>,
-    handoff: &Arc<Handoff>,
-    consumer: &Arc<StreamConsumer<IngestContext>>,
-    metrics: crate::metrics::Metrics,
-) -> Result<(), StartError> {
-    let Some(id) = config.cluster.transactional_id.clone() else {
-        return Ok(());
-    };
-    let producer_config = transactional_producer_config(config, &id);
+    (grouped, consumed): (Arc<Grouped>, Arc<Consumed>),
+    cx: &Context,
+    metrics: &Metrics,
+) -> Result<(Arc<Exactly>, JoinHandle<()>), DurabilityError> {
+    let producer_config = transactional_producer_config(config, id);
     let renew = {
         let c = producer_config.clone();
         Arc::new(move || c.create::<FutureProducer>())
@@ -40,18 +41,19 @@ pub(super) async fn start(
     let producer: FutureProducer =
         producer_config
             .create()
-            .map_err(|source| crate::kafka::KafkaSetupError::Client {
+            .map_err(|source| KafkaSetupError::Client {
                 client: "transactional producer",
                 source,
             })?;
     let group = {
-        let c = consumer.clone();
+        let c = cx.consumer.clone();
         Arc::new(move || c.group_metadata())
     };
     let owned = {
         let s = store.clone();
         Arc::new(move |pid| s.owns(pid))
     };
+    let metrics = metrics.clone();
     let setup = Setup {
         group,
         cut: Cut {
@@ -75,13 +77,20 @@ pub(super) async fn start(
     };
     let started = tokio::task::spawn_blocking(move || Transactions::start(producer, setup))
         .await
-        .map_err(|e| StartError::Transactions(e.to_string()))?;
-    let (transactions, _task) =
-        started.map_err(|e| StartError::Transactions(crate::txn::cannot_run(&e)))?;
+        .map_err(|e| DurabilityError::Task {
+            what: "transactional producer start",
+            detail: e.to_string(),
+        })?;
+    let (transactions, task) =
+        started.map_err(|e| DurabilityError::Transactions(crate::txn::cannot_run(&e)))?;
     store.protect_claimed();
-    handoff.set_transactions(transactions);
     info!(transactional_id = %id, records = config.cluster.transaction_records,
           interval_ms = millis(config.cluster.transaction_interval),
           "exactly-once: records fire in transactions");
-    Ok(())
+    let exactly = Exactly {
+        grouped,
+        transactions,
+        consumed,
+    };
+    Ok((Arc::new(exactly), task))
 }

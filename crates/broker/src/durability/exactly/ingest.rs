@@ -1,0 +1,180 @@
+//! Ingest in the exactly-once mode: what a group changed (its changelog entries), its dead
+//! letters and its source offsets commit in one Kafka transaction, sent with the consumer's
+//! group metadata. A crash before the commit leaves nothing visible: the group is consumed
+//! again, and the records RocksDB took meanwhile are dropped when the partition is restored
+//! ([`Consumed::forget_uncommitted`](super::Consumed::forget_uncommitted)).
+
+use std::collections::{HashMap, HashSet};
+
+use tracing::{error, warn};
+
+use super::Exactly;
+use crate::backoff::Backoff;
+use crate::changelog::group_entries;
+use crate::dead_letter::{self, DeadLetter, DeadLetters};
+use crate::ingest::{Durable, Last, OffsetCommit, Stored};
+use crate::store::StoreError;
+use crate::txn::{TxnError, Work};
+use crate::BoxFuture;
+use kafka_delay_core::changelog::{Checkpoint, Entry};
+use kafka_delay_core::id::Pid;
+
+impl Durable for Exactly {
+    /// Nothing at start: each partition resumes as its restore says ([`Durable::resumed`]).
+    fn start_offsets(&self) -> Result<HashMap<Pid, i64>, StoreError> {
+        Ok(HashMap::new())
+    }
+
+    fn resumed(&self) -> HashMap<Pid, i64> {
+        self.grouped.handoff().take_resumed()
+    }
+
+    /// Nothing yet: the dead letters commit with the group.
+    fn before_store<'a>(
+        &'a self,
+        _dead_letters: &'a DeadLetters,
+        _dead: &'a [DeadLetter],
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async {})
+    }
+
+    fn after_store<'a, 'm: 'a>(&'a self, group: Stored<'a, 'm>) -> BoxFuture<'a, bool> {
+        Box::pin(self.commit_group(group))
+    }
+
+    fn offset_commit(&self) -> OffsetCommit {
+        OffsetCommit::WithGroup
+    }
+
+    fn max_group(&self) -> usize {
+        super::super::WAITING_GROUP
+    }
+}
+
+impl Exactly {
+    /// Commits what a group changed in one transaction, tried again until it commits; then
+    /// checkpoints each partition. Partitions revoked meanwhile are left out (their new
+    /// owner consumes them again). `false` when stopping first, or when none is left.
+    pub(super) async fn commit_group(&self, group: Stored<'_, '_>) -> bool {
+        let Stored {
+            ops,
+            applied,
+            last,
+            dead,
+            dead_letters,
+            stopping,
+        } = group;
+        let store = self.grouped.handoff().store();
+        // Dead letters the topic refused as too large go again without their value.
+        let mut valueless: HashSet<usize> = HashSet::new();
+        let mut backoff = Backoff::standard();
+        loop {
+            if stopping.is_some_and(|s| *s.borrow()) {
+                return false;
+            }
+            last.retain(|pid, _| store.owns(*pid));
+            if last.is_empty() {
+                return false;
+            }
+            let (work, changelog) =
+                self.group_work((ops, applied), last, (dead, dead_letters), &valueless);
+            let refused = match self.transactions.commit(work).await {
+                Ok(written) => {
+                    self.checkpoint(last, &changelog, &written);
+                    for (dl, _) in dead_of(dead, last) {
+                        dead_letters.count(dl);
+                    }
+                    return true;
+                }
+                Err(TxnError::Rejected { index, error }) => {
+                    // The records after the changelog entries are the dead letters.
+                    let letter = index
+                        .checked_sub(changelog.len())
+                        .and_then(|i| dead_of(dead, last).nth(i));
+                    match letter {
+                        Some((dl, at))
+                            if dead_letter::too_large(&error) && !valueless.contains(&at) =>
+                        {
+                            warn!(origin = %dl.origin.topic, partition = dl.origin.partition,
+                                  offset = dl.origin.offset,
+                                  "dead letter too large; sending it without its value");
+                            valueless.insert(at);
+                            continue;
+                        }
+                        _ => TxnError::Rejected { index, error },
+                    }
+                }
+                Err(e) => e,
+            };
+            error!(error = %refused, "cannot commit an ingested group; consumption paused, retrying");
+            backoff.wait().await;
+        }
+    }
+
+    /// The transaction of a group: each partition's changelog entries (records, what they
+    /// removed, the next source offset), then the dead letters, and the source offsets.
+    /// Also returns the partition of each changelog entry, in order.
+    fn group_work(
+        &self,
+        (ops, applied): (&[crate::store::IngestOp], &crate::store::Applied),
+        last: &Last<'_>,
+        (dead, dead_letters): (&[DeadLetter], &DeadLetters),
+        valueless: &HashSet<usize>,
+    ) -> (Work, Vec<Pid>) {
+        let changelog = self.grouped.handoff().changelog();
+        let mut by_pid = group_entries(ops, applied);
+        let mut work = Work::default();
+        let mut partitions = Vec::new();
+        for (pid, &(topic, partition, offset)) in last {
+            let entries = by_pid.entry(*pid).or_default();
+            entries.push(Entry::SourceOffset(offset + 1));
+            for e in entries.iter() {
+                work.records.push(changelog.out(topic, partition, e));
+                partitions.push(*pid);
+            }
+            work.offsets.push((topic.to_owned(), partition, offset + 1));
+            work.partitions.push(*pid);
+        }
+        for (dl, at) in dead_of(dead, last) {
+            work.records
+                .push(dead_letters.out(dl, !valueless.contains(&at)));
+        }
+        (work, partitions)
+    }
+
+    /// After the commit: each partition's checkpoint (the changelog offset after its last
+    /// entry) and the source offset firing transactions commit for it.
+    fn checkpoint(&self, last: &Last<'_>, changelog: &[Pid], written: &[i64]) {
+        let store = self.grouped.handoff().store();
+        let mut next: HashMap<Pid, i64> = HashMap::new();
+        for (pid, offset) in changelog.iter().zip(written) {
+            let n = next.entry(*pid).or_insert(0);
+            *n = (*n).max(offset + 1);
+        }
+        for (pid, &(topic, partition, offset)) in last {
+            self.consumed.set(*pid, offset + 1);
+            let Some(&changelog_next) = next.get(pid) else {
+                continue;
+            };
+            let at = Checkpoint {
+                changelog_next,
+                source_next: Some(offset + 1),
+            };
+            if let Err(e) = store.set_checkpoint(*pid, at) {
+                warn!(%topic, partition, error = %e, "cannot write the changelog checkpoint");
+            }
+        }
+    }
+}
+
+/// The dead letters of the partitions in `last`, with their place in `dead`.
+fn dead_of<'d>(
+    dead: &'d [DeadLetter],
+    last: &'d Last<'_>,
+) -> impl Iterator<Item = (&'d DeadLetter, usize)> + 'd {
+    dead.iter().enumerate().filter_map(move |(i, dl)| {
+        last.values()
+            .any(|(t, p, _)| *t == dl.origin.topic && *p == dl.origin.partition)
+            .then_some((dl, i))
+    })
+}

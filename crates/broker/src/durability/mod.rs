@@ -1,0 +1,361 @@
+//! Durability: how pending records are kept safe and how they fire, decided once at start.
+//!
+//! | mode | flags | a group of records is safe once | a due record fires by |
+//! |------|-------|---------------------------------|-----------------------|
+//! | [`Local`] | `--no-changelog` | in RocksDB on this disk | produce, then delete here |
+//! | [`Logged`] | `--changelog` | also in the changelog, acknowledged | produce, delete here, tombstone |
+//! | [`exactly::Exactly`] | `--changelog --exactly-once` | its ingest transaction committed | one transaction: the record, its tombstone, the group's offsets |
+//!
+//! [`Prepared::new`] picks the mode from the configuration; [`Prepared::start`] starts what it
+//! runs (the restore and standby tasks with a changelog, the transaction loop with
+//! exactly-once) and only then hands out the [`Durability`], whose parts ingest
+//! ([`ingest::Durable`], [`ingest::Rebalance`]), the publisher ([`publish::Delivery`]) and the
+//! admin API ([`admin::Cluster`]) call. None of them asks which mode it runs in, and nothing
+//! fires before the mode runs. Outside this module only the mechanisms (`changelog/`, `txn/`)
+//! and the flags (`config/`) know the modes exist: `scripts/mode.py` checks it.
+
+mod exactly;
+mod grouped;
+mod local;
+mod logged;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::consumer::StreamConsumer;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use crate::changelog::handoff::{Events, Handoff, OnRestored};
+use crate::changelog::topics::TopicError;
+use crate::changelog::Changelog;
+use crate::config::{millis, Config};
+use crate::ingest::{Durable, IngestContext, Rebalance};
+use crate::kafka::KafkaSetupError;
+use crate::metrics::Metrics;
+use crate::publish::Delivery;
+use crate::scheduler::Inserts;
+use crate::store::Store;
+use crate::{admin, changelog};
+use kafka_delay_core::clock::Clock;
+
+pub use grouped::Grouped;
+pub use local::Local;
+pub use logged::Logged;
+
+/// Most records in one ingest group where each group waits (an fsync with `--sync`, the
+/// changelog's acknowledgement, a transaction): larger groups mean fewer waits. A group only
+/// fills when the consumer has a backlog.
+pub const WAITING_GROUP: usize = 2_048;
+
+/// Most records in one ingest group where nothing waits: a large group keeps a runtime worker
+/// from the publisher for longer and delivery lateness grows (docs/decisions.md has the
+/// figures).
+pub const FREE_GROUP: usize = 512;
+
+/// Why the mode could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum DurabilityError {
+    /// A client could not be made.
+    #[error(transparent)]
+    Kafka(#[from] KafkaSetupError),
+    /// A changelog topic that cannot hold the pending state.
+    #[error(transparent)]
+    Changelog(#[from] TopicError),
+    /// Exactly-once was asked for and the cluster cannot run transactions.
+    #[error("{0}")]
+    Transactions(String),
+    /// A start-up task could not finish (it panicked, or the runtime is stopping).
+    #[error("{what} task failed: {detail}")]
+    Task {
+        /// What the task did.
+        what: &'static str,
+        /// The join error.
+        detail: String,
+    },
+}
+
+/// The mode chosen from the flags, before it runs: what the consumer and the admin API need
+/// from it already.
+#[derive(Debug)]
+pub struct Prepared {
+    kind: Kind,
+    config: Arc<Config>,
+    store: Arc<Store>,
+    metrics: Metrics,
+}
+
+#[derive(Debug)]
+enum Kind {
+    Local(Arc<Local>),
+    Logged(Arc<Grouped>, Events),
+    Exactly(Arc<Grouped>, Events, Arc<exactly::Consumed>, String),
+}
+
+/// What the running broker and its shutdown need of the chosen mode.
+#[derive(Debug)]
+pub struct Durability {
+    /// What ingest calls.
+    pub ingest: Arc<dyn Durable>,
+    /// What the publisher calls.
+    pub delivery: Arc<dyn Delivery>,
+    /// The partitions moving between instances (with a changelog).
+    handoff: Option<Arc<Handoff>>,
+    /// Every task the mode started, waited for at shutdown.
+    tasks: Vec<(&'static str, JoinHandle<()>)>,
+}
+
+/// What a started mode runs alongside ingest.
+pub struct Context {
+    /// The ingest consumer, not yet subscribed.
+    pub consumer: Arc<StreamConsumer<IngestContext>>,
+    /// New timers for the scheduler (restored partitions).
+    pub inserts: Inserts,
+    /// Wall clock.
+    pub clock: Arc<dyn Clock>,
+    /// Turns true when the broker stops.
+    pub stop: watch::Receiver<bool>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").finish_non_exhaustive()
+    }
+}
+
+impl Prepared {
+    /// Picks the mode: `--no-changelog` keeps every record on this disk; `--changelog` writes
+    /// each change to the changelog too; `--exactly-once` adds transactions. `advertised` is
+    /// where the other instances reach this one's HTTP server.
+    ///
+    /// # Errors
+    /// The changelog's producer cannot be made.
+    pub fn new(
+        config: &Config,
+        store: Arc<Store>,
+        metrics: Metrics,
+        advertised: String,
+    ) -> Result<Self, DurabilityError> {
+        let config = Arc::new(config.clone());
+        let kind = if !config.cluster.changelog {
+            Kind::Local(Arc::new(Local::new(
+                store.clone(),
+                if config.store.sync {
+                    WAITING_GROUP
+                } else {
+                    FREE_GROUP
+                },
+            )))
+        } else {
+            let consumed = config
+                .cluster
+                .transactional_id
+                .is_some()
+                .then(|| Arc::new(exactly::Consumed::new(store.clone())));
+            let on_restored = consumed.clone().map(|c| {
+                OnRestored(Arc::new(move |pid, source_next| {
+                    let c = c.clone();
+                    Box::pin(async move { c.forget_uncommitted(pid, source_next).await })
+                }))
+            });
+            let (handoff, events) = Handoff::new(
+                store.clone(),
+                Changelog::new(&config)?,
+                config.clone(),
+                metrics.clone(),
+                (advertised, on_restored),
+            );
+            let grouped = Arc::new(Grouped::new(handoff));
+            match (consumed, config.cluster.transactional_id.clone()) {
+                (Some(c), Some(id)) => Kind::Exactly(grouped, events, c, id),
+                _ => Kind::Logged(grouped, events),
+            }
+        };
+        Ok(Self {
+            kind,
+            config,
+            store,
+            metrics,
+        })
+    }
+
+    /// The mode's name, for the start-up log and the metrics.
+    pub fn name(&self) -> &'static str {
+        match self.kind {
+            Kind::Local(_) => "local",
+            Kind::Logged(..) => "changelog",
+            Kind::Exactly(..) => "exactly-once",
+        }
+    }
+
+    /// What the admin API asks of the group.
+    pub fn cluster(&self) -> Arc<dyn admin::Cluster> {
+        match &self.kind {
+            Kind::Local(l) => l.clone(),
+            Kind::Logged(g, _) | Kind::Exactly(g, ..) => g.clone(),
+        }
+    }
+
+    /// What the consumer's rebalance callback calls.
+    pub fn rebalance(&self) -> Arc<dyn Rebalance> {
+        match &self.kind {
+            Kind::Local(l) => l.clone(),
+            Kind::Logged(g, _) | Kind::Exactly(g, ..) => g.clone(),
+        }
+    }
+
+    /// The ingest consumer's `client.id`: with several instances it carries this one's HTTP
+    /// address, so that any instance can name a partition's owner.
+    pub fn client_id(&self) -> Option<String> {
+        match &self.kind {
+            Kind::Local(_) => None,
+            Kind::Logged(g, _) | Kind::Exactly(g, ..) => Some(format!(
+                "{}{}",
+                changelog::owners::CLIENT_ID_PREFIX,
+                g.handoff().advertised()
+            )),
+        }
+    }
+
+    /// Consumer settings the mode needs (where the operator set none): with a changelog a
+    /// rebalance moves only the partitions that change owner; with exactly-once the offsets
+    /// commit in ingest's transactions, never by the consumer.
+    pub fn consumer_defaults(&self) -> &'static [(&'static str, &'static str)] {
+        match self.kind {
+            Kind::Local(_) => &[("partition.assignment.strategy", "range,roundrobin")],
+            Kind::Logged(..) => &[("partition.assignment.strategy", "cooperative-sticky")],
+            Kind::Exactly(..) => &[
+                ("partition.assignment.strategy", "cooperative-sticky"),
+                ("enable.auto.commit", "false"),
+            ],
+        }
+    }
+
+    /// With a changelog: creates the missing changelog topics of the source topics there are,
+    /// and refuses to start on one that is misconfigured.
+    ///
+    /// # Errors
+    /// A [`TopicError`] saying what to fix.
+    pub async fn check_topics(&self) -> Result<(), DurabilityError> {
+        if matches!(self.kind, Kind::Local(_)) {
+            return Ok(());
+        }
+        let c = self.config.clone();
+        let checked = tokio::task::spawn_blocking(move || {
+            changelog::topics::ensure_all(&c, c.cluster.changelog_replication)
+        })
+        .await
+        .map_err(|e| DurabilityError::Task {
+            what: "changelog topic check",
+            detail: e.to_string(),
+        })??;
+        info!(source_topics = checked, "changelog topics checked");
+        Ok(())
+    }
+
+    /// Starts what the mode runs and hands out its parts.
+    ///
+    /// # Errors
+    /// With exactly-once: the cluster cannot run transactions.
+    pub async fn start(self, cx: Context) -> Result<Durability, DurabilityError> {
+        let name = self.name();
+        let Prepared {
+            kind,
+            config,
+            store,
+            metrics,
+        } = self;
+        let durability = match kind {
+            Kind::Local(l) => Durability {
+                ingest: l.clone(),
+                delivery: l,
+                handoff: None,
+                tasks: Vec::new(),
+            },
+            Kind::Logged(g, events) => {
+                let logged = Arc::new(Logged::new(g.clone()));
+                Durability {
+                    ingest: logged.clone(),
+                    delivery: logged,
+                    handoff: Some(g.handoff().clone()),
+                    tasks: handoff_tasks(g.handoff(), events, &cx, &config),
+                }
+            }
+            Kind::Exactly(g, events, consumed, id) => {
+                let (exactly, task) =
+                    exactly::start(&config, &id, &store, (g.clone(), consumed), &cx, &metrics)
+                        .await?;
+                let mut tasks = vec![("transactions", task)];
+                tasks.extend(handoff_tasks(g.handoff(), events, &cx, &config));
+                Durability {
+                    ingest: exactly.clone(),
+                    delivery: exactly,
+                    handoff: Some(g.handoff().clone()),
+                    tasks,
+                }
+            }
+        };
+        info!(mode = name, "durability mode running");
+        Ok(durability)
+    }
+}
+
+/// With a changelog: the tasks that restore assigned partitions and keep standby copies warm.
+fn handoff_tasks(
+    h: &Arc<Handoff>,
+    events: Events,
+    cx: &Context,
+    config: &Config,
+) -> Vec<(&'static str, JoinHandle<()>)> {
+    let horizon = millis(config.wheel.horizon);
+    let run = h.clone().run(
+        events,
+        cx.consumer.clone(),
+        cx.inserts.clone(),
+        (horizon, cx.clock.clone()),
+        cx.stop.clone(),
+    );
+    vec![
+        ("restore", tokio::spawn(run)),
+        (
+            "standby",
+            tokio::spawn(h.clone().run_standbys(cx.stop.clone())),
+        ),
+    ]
+}
+
+impl Durability {
+    /// The broker is stopping: from now on a revoke keeps the local state (the checkpoint
+    /// makes the next start read only the changelog's tail).
+    pub fn stopping(&self) {
+        if let Some(h) = &self.handoff {
+            h.stopping();
+        }
+    }
+
+    /// After ingest and the publisher stopped: waits for every changelog write owed and for
+    /// the mode's tasks (each at most `wait`).
+    pub async fn close(self, wait: Duration) {
+        let Durability {
+            ingest,
+            delivery,
+            handoff,
+            tasks,
+        } = self;
+        // The transaction loop ends once no one can hand it work.
+        drop((ingest, delivery));
+        if let Some(h) = handoff {
+            let flushed = tokio::task::spawn_blocking(move || h.changelog().flush(wait)).await;
+            info!(result = ?flushed.map(|r| r.map_err(|e| e.to_string())), "changelog flushed");
+        }
+        for (name, task) in tasks {
+            if tokio::time::timeout(wait, task).await.is_err() {
+                warn!(
+                    task = name,
+                    "a task of the durability mode did not stop in time"
+                );
+            }
+        }
+    }
+}
