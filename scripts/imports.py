@@ -2,7 +2,8 @@
 """Import loops among a crate's top-level modules, and imports of the benchmark crate.
 
 A module's edges are the other top-level modules it names (`crate::x` in a `use` or a path),
-test code excluded (`tests.rs` files and `#[cfg(test)]` modules). A loop is a cycle in that
+test code excluded (`tests.rs`, `*_tests.rs` and files in a `src/**/tests/` folder, and
+`#[cfg(test)]` modules). A loop is a cycle in that
 graph; the script prints each strongly connected group of more than one module and exits 1.
 Usage: python3 scripts/imports.py [crates/broker/src ...]
 """
@@ -10,7 +11,7 @@ import re
 import sys
 from pathlib import Path
 
-from rustsrc import product_lines, strip
+from rustsrc import is_test_file, product_lines, strip
 
 roots = sys.argv[1:] or ['crates/broker/src', 'crates/core/src', 'crates/client/src']
 REF = re.compile(r'\bcrate::([a-z_]+)')
@@ -30,7 +31,7 @@ bad = 0
 for root in map(Path, roots):
     graph = {}
     for path in root.rglob('*.rs'):
-        if path.name == 'tests.rs':
+        if is_test_file(path):
             continue
         m = module_of(root, path)
         if m in ('lib', 'main'):

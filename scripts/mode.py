@@ -15,7 +15,7 @@ import re
 import sys
 from pathlib import Path
 
-from rustsrc import product_lines, strip
+from rustsrc import is_test_file, product_lines, strip
 
 ROOT = Path('crates/broker/src')
 ALLOWED = ('durability', 'changelog', 'txn', 'config')
@@ -28,7 +28,7 @@ MODE = re.compile(
 bad = 0
 for path in sorted(ROOT.rglob('*.rs')):
     rel = path.relative_to(ROOT)
-    if rel.parts[0] in ALLOWED or path.name == 'tests.rs':
+    if rel.parts[0] in ALLOWED or is_test_file(path):
         continue
     for n, line in product_lines(path.read_text().splitlines()):
         for m in MODE.finditer(strip(line)):

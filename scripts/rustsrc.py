@@ -1,5 +1,6 @@
-"""What the project's source checks (imports.py, sizes.py) read: a Rust file's product lines,
-with `#[cfg(test)]` modules left out, and a line with its strings and comment blanked."""
+"""What the project's source checks (imports.py, sizes.py, mode.py) read: a Rust file's product
+lines, with `#[cfg(test)]` modules left out, a line with its strings and comment blanked, and
+whether a file is test code."""
 import re
 
 
@@ -31,3 +32,11 @@ def product_lines(lines):
         out.append((i + 1, line))
         i += 1
     return out
+
+
+def is_test_file(path):
+    """A file of test code: named tests.rs or *_tests.rs, or inside a `tests/` folder of a
+    crate's `src/` (a module's tests split by topic)."""
+    parts = path.parts
+    in_src_tests = 'src' in parts and 'tests' in parts[parts.index('src') + 1:-1]
+    return path.name == 'tests.rs' or path.name.endswith('_tests.rs') or in_src_tests

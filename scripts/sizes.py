@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Product code over the size limits: files over 500 lines and functions over 80, tests excluded.
 
-A test module (`#[cfg(test)] mod ... {}`) and files named tests.rs are not product code. The
+A test module (`#[cfg(test)] mod ... {}`) and test files (tests.rs, *_tests.rs, a `src/**/tests/`
+folder) are not product code. The
 function scan matches braces; it ignores braces in strings and comments well enough for this
 code base.
 Product code is the core, the broker and the client; the benchmark crate is a lab and is not
@@ -11,7 +12,7 @@ import re
 import sys
 from pathlib import Path
 
-from rustsrc import product_lines, strip
+from rustsrc import is_test_file, product_lines, strip
 
 FILE_LIMIT = int(sys.argv[1]) if len(sys.argv) > 1 else 500
 FN_LIMIT = int(sys.argv[2]) if len(sys.argv) > 2 else 80
@@ -21,7 +22,7 @@ FN = re.compile(r'^\s*(pub(\([a-z]+\))?\s+)?(async\s+)?(const\s+)?(unsafe\s+)?fn
 bad = 0
 PRODUCT = ('core', 'broker', 'client')
 for path in sorted(p for c in PRODUCT for p in Path('crates', c).glob('src/**/*.rs')):
-    if path.name == 'tests.rs':
+    if is_test_file(path):
         continue
     lines = path.read_text().splitlines()
     prod = product_lines(lines)

@@ -8,168 +8,22 @@ pub(crate) mod group;
 pub(crate) mod procs;
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use kafka_delay::app::{self, Running};
 use kafka_delay::config::{Config, RunArgs};
-use kafka_delay::kafka::Embedded;
 use kafka_delay_core::clock::{Clock, SystemClock};
+pub(crate) use kafka_delay_testkit::{now_ms, unique, Kafka};
 use prometheus::Registry;
-use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
-use rdkafka::client::DefaultClientContext;
+
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders, OwnedMessage};
 use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use tempfile::TempDir;
-
-pub(crate) fn now_ms() -> u64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .unwrap()
-        .as_millis() as u64
-}
-
-/// A name no other test (or earlier run against the same external broker) uses.
-pub(crate) fn unique(prefix: &str) -> String {
-    static N: AtomicU64 = AtomicU64::new(0);
-    format!(
-        "{prefix}-{}-{}-{}",
-        std::process::id(),
-        now_ms() % 100_000_000,
-        N.fetch_add(1, Ordering::Relaxed)
-    )
-}
-
-/// The Kafka the test talks to.
-pub(crate) enum Kafka {
-    Mock(Embedded),
-    External(String),
-}
-
-impl Kafka {
-    pub(crate) fn start() -> Self {
-        match std::env::var("KAFKA_DELAY_TEST_BROKERS") {
-            Ok(b) if !b.is_empty() => Kafka::External(b),
-            _ => Kafka::Mock(Embedded::start(1).expect("mock cluster")),
-        }
-    }
-
-    /// Always the in-process mock cluster: for the tests that inject faults through it (a
-    /// broker down inside the process, per-topic request errors).
-    pub(crate) fn embedded() -> Self {
-        Kafka::Mock(Embedded::start(1).expect("mock cluster"))
-    }
-
-    pub(crate) fn brokers(&self) -> String {
-        match self {
-            Kafka::Mock(e) => e.bootstrap_servers(),
-            Kafka::External(b) => b.clone(),
-        }
-    }
-
-    pub(crate) fn is_mock(&self) -> bool {
-        matches!(self, Kafka::Mock(_))
-    }
-
-    pub(crate) fn mock(&self) -> Option<&Embedded> {
-        match self {
-            Kafka::Mock(e) => Some(e),
-            Kafka::External(_) => None,
-        }
-    }
-
-    /// Creates a topic and returns its partition count (a broker without CreateTopics, such as
-    /// the mock cluster in another process, auto-creates it with its own default count).
-    pub(crate) async fn create_topic(&self, name: &str, partitions: i32) -> i32 {
-        match self {
-            Kafka::Mock(e) => {
-                e.create_topic(name, partitions).expect("create topic");
-                partitions
-            }
-            Kafka::External(b) => {
-                let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-                    .set("bootstrap.servers", b)
-                    .create()
-                    .expect("admin");
-                let t = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
-                let opts = AdminOptions::new()
-                    .operation_timeout(Some(Duration::from_secs(10)))
-                    .request_timeout(Some(Duration::from_secs(5)));
-                // Without CreateTopics (an error here), the metadata request below creates it.
-                if let Ok(r) = admin.create_topics([&t], &opts).await {
-                    for res in r {
-                        if let Err((t, e)) = res {
-                            assert_eq!(
-                                e,
-                                rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists,
-                                "create {t}"
-                            );
-                        }
-                    }
-                }
-                let client: rdkafka::producer::BaseProducer = ClientConfig::new()
-                    .set("bootstrap.servers", b)
-                    .set("allow.auto.create.topics", "true")
-                    .create()
-                    .expect("client");
-                let deadline = Instant::now() + Duration::from_secs(20);
-                loop {
-                    let md = client
-                        .client()
-                        .fetch_metadata(Some(name), Duration::from_secs(5))
-                        .expect("metadata");
-                    let n = md
-                        .topics()
-                        .iter()
-                        .find(|t| t.name() == name && t.error().is_none())
-                        .map_or(0, |t| t.partitions().len());
-                    if n > 0 {
-                        return n as i32;
-                    }
-                    assert!(Instant::now() < deadline, "topic {name} not created");
-                    std::thread::sleep(Duration::from_millis(100));
-                }
-            }
-        }
-    }
-
-    /// Deletes a topic with DeleteTopics and waits until the broker no longer knows it.
-    pub(crate) async fn delete_topic(&self, name: &str) {
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", self.brokers())
-            .create()
-            .expect("admin");
-        let opts = AdminOptions::new()
-            .operation_timeout(Some(Duration::from_secs(10)))
-            .request_timeout(Some(Duration::from_secs(10)));
-        let res = admin
-            .delete_topics(&[name], &opts)
-            .await
-            .expect("DeleteTopics");
-        for r in res {
-            r.unwrap_or_else(|(t, e)| panic!("delete {t}: {e}"));
-        }
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while topic_exists(self, name) {
-            assert!(Instant::now() < deadline, "topic {name} still there");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-    }
-
-    pub(crate) fn producer(&self) -> FutureProducer {
-        ClientConfig::new()
-            .set("bootstrap.servers", self.brokers())
-            .set("linger.ms", "0")
-            .set("allow.auto.create.topics", "false")
-            .set("message.timeout.ms", "20000")
-            .create()
-            .expect("producer")
-    }
-}
 
 /// One test's topics.
 pub(crate) struct Topics {
@@ -519,21 +373,6 @@ pub(crate) async fn wait_for_topic(kafka: &Kafka, topic: &str, timeout: Duration
 }
 
 /// Whether the cluster knows `topic` now (asked without creating it).
-pub(crate) fn topic_exists(kafka: &Kafka, topic: &str) -> bool {
-    let client: rdkafka::producer::BaseProducer = ClientConfig::new()
-        .set("bootstrap.servers", kafka.brokers())
-        .set("allow.auto.create.topics", "false")
-        .create()
-        .expect("client");
-    let md = client
-        .client()
-        .fetch_metadata(Some(topic), Duration::from_secs(5))
-        .expect("metadata");
-    md.topics()
-        .iter()
-        .any(|t| t.name() == topic && t.error().is_none() && !t.partitions().is_empty())
-}
-
 /// Records in `topic` (sum of high watermarks less low ones).
 pub(crate) fn topic_size(kafka: &Kafka, topic: &str, partitions: i32) -> i64 {
     let c: rdkafka::consumer::BaseConsumer = ClientConfig::new()

@@ -10,12 +10,13 @@ use rdkafka::ClientConfig;
 
 use super::BenchError;
 use kafka_delay::config::{Config, RunArgs};
-use kafka_delay::kafka::{self, Embedded};
+use kafka_delay::kafka;
 
 /// The Kafka every run of the benchmark uses: an embedded cluster, or the one `--brokers` names.
 pub(super) struct Kafka {
     pub(super) brokers: String,
-    pub(super) embedded: Option<Embedded>,
+    /// The cluster (the test kit's: the suites reach Kafka the same way).
+    cluster: kafka_delay_testkit::Kafka,
     /// Partitions of the topics created next (set per throughput size).
     pub(super) partitions: AtomicI32,
     /// Extra `run` flags for the brokers (not the passthrough).
@@ -49,14 +50,6 @@ pub(super) fn config(
     Ok(RunArgs::try_parse_flags(flags)?.validate()?)
 }
 
-/// This process and the second it started in: unique per run on one machine.
-fn run_id() -> String {
-    let secs = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    format!("{}-{}", std::process::id(), secs % 1_000_000)
-}
-
 impl Kafka {
     /// The cluster at `brokers`, or an embedded one (three brokers) started now without it.
     pub(super) fn connect(
@@ -64,19 +57,13 @@ impl Kafka {
         partitions: i32,
         broker_flags: &[String],
     ) -> Result<Self, BenchError> {
-        let (brokers, embedded) = match brokers {
-            Some(b) => (b.to_owned(), None),
-            None => {
-                let e = Embedded::start(3)?;
-                (e.bootstrap_servers(), Some(e))
-            }
-        };
+        let cluster = kafka_delay_testkit::Kafka::connect(brokers, 3)?;
         Ok(Self {
-            brokers,
-            embedded,
+            brokers: cluster.brokers(),
+            cluster,
             partitions: AtomicI32::new(partitions),
             broker_flags: broker_flags.to_vec(),
-            run: run_id(),
+            run: kafka_delay_testkit::unique("run"),
         })
     }
 
@@ -87,12 +74,12 @@ impl Kafka {
 
     /// Creates `topic` with the current number of partitions; an existing topic is kept.
     pub(super) async fn create(&self, topic: &str, producer: &FutureProducer, config: &Config) {
-        match &self.embedded {
+        let partitions = self.partitions.load(Ordering::Relaxed);
+        match self.cluster.mock() {
             Some(e) => {
-                let _ = e.create_topic(topic, self.partitions.load(Ordering::Relaxed));
+                let _ = e.create_topic(topic, partitions);
             }
             None => {
-                let partitions = self.partitions.load(Ordering::Relaxed);
                 let _ = kafka::ensure_topic(config, producer, topic, partitions).await;
             }
         }

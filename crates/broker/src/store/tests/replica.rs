@@ -1,0 +1,181 @@
+//! The store as a replica of the changelog: restores, dropping a partition, ownership.
+
+use super::*;
+
+/// A record's changelog history restored into a store: `r` at offset 0 (id x), then replaced
+/// by offset 1 (same id), offset 2 pending, offset 3 fired (put then gone), source offset 4.
+fn history() -> Vec<Restored> {
+    vec![
+        Restored::Record {
+            offset: 0,
+            record: sched(Some("x"), 5_000, "first"),
+        },
+        Restored::Record {
+            offset: 1,
+            record: sched(Some("x"), 6_000, "second"),
+        },
+        Restored::Gone { offset: 0 },
+        Restored::Record {
+            offset: 2,
+            record: sched_to("other", None, 7_000, "third"),
+        },
+        Restored::Record {
+            offset: 3,
+            record: sched(None, 8_000, "fourth"),
+        },
+        Restored::Gone { offset: 3 },
+        Restored::SourceOffset(4),
+    ]
+}
+
+#[test]
+fn a_restore_rebuilds_records_ids_counts_and_offset_and_applying_it_again_changes_nothing() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let pid = store.partition_id("delay.in", 0).unwrap();
+    let at = Checkpoint {
+        changelog_next: 7,
+        source_next: Some(4),
+    };
+    let rid = |o| RecordId::new(pid, o).unwrap();
+    let want = vec![(6_000, rid(1)), (7_000, rid(2))];
+    assert_eq!(store.restore(pid, &history(), at, &mut None).unwrap(), 2);
+    assert_eq!(pending(&store), want);
+    // A tail re-applied (a restart reads from an older checkpoint) is idempotent, and so is a
+    // restore split in chunks at any point.
+    assert_eq!(store.restore(pid, &history(), at, &mut None).unwrap(), 0);
+    for (a, b) in [(0, 3), (3, 7)] {
+        store.restore(pid, &history()[a..b], at, &mut None).unwrap();
+    }
+    assert_eq!(pending(&store), want);
+    assert_eq!(store.pending(), 2);
+    assert_eq!(by_target_total(&store), 2);
+    assert_eq!(store.find_id(b"x").unwrap(), vec![(6_000, rid(1))]);
+    assert_eq!(store.next_offset(pid).unwrap(), Some(4));
+    assert_eq!(store.count_partition(pid).unwrap(), 2);
+    assert_eq!(store.checkpoint(pid).unwrap(), Some(at));
+    // A record moved by an operator elsewhere arrives as the same offset with a new due time.
+    store
+        .restore(
+            pid,
+            &[Restored::Record {
+                offset: 2,
+                record: sched_to("other", None, 9_000, "third"),
+            }],
+            at,
+            &mut None,
+        )
+        .unwrap();
+    assert_eq!(pending(&store), vec![(6_000, rid(1)), (9_000, rid(2))]);
+    assert_eq!(store.pending(), 2);
+    drop(store);
+    let store = open(&dir);
+    assert_eq!(store.pending(), 2, "counts survive a reopen");
+    assert_eq!(store.checkpoint(pid).unwrap(), Some(at));
+}
+
+#[test]
+fn a_restore_onto_an_empty_partition_skips_reads_and_ends_as_one_that_reads() {
+    let at = Checkpoint {
+        changelog_next: 7,
+        source_next: Some(4),
+    };
+    let mut history = history();
+    // An operator moved offset 2 after offset 3 was written: a key seen again, below the
+    // highest put so far, which must be read.
+    history.push(Restored::Record {
+        offset: 2,
+        record: sched_to("other", None, 9_000, "third"),
+    });
+    let restored = |absent: Option<i64>, chunks: &[(usize, usize)]| {
+        let dir = TempDir::new().unwrap();
+        let store = open(&dir);
+        let pid = store.partition_id("delay.in", 0).unwrap();
+        let mut absent_above = absent;
+        for &(a, b) in chunks {
+            store
+                .restore(pid, &history[a..b], at, &mut absent_above)
+                .unwrap();
+        }
+        (
+            pending(&store),
+            store.pending(),
+            by_target_total(&store),
+            absent_above,
+        )
+    };
+    let reading = restored(None, &[(0, 8)]);
+    for chunks in [&[(0, 8)][..], &[(0, 2), (2, 5), (5, 8)]] {
+        let fresh = restored(Some(-1), chunks);
+        assert_eq!(fresh.0, reading.0);
+        assert_eq!((fresh.1, fresh.2), (reading.1, reading.2));
+        assert_eq!(fresh.3, Some(3), "moved past every record put");
+    }
+    assert_eq!(reading.1, 2);
+}
+
+#[test]
+fn dropping_a_partition_removes_only_its_state() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let (mine, theirs) = (
+        store.partition_id("delay.in", 0).unwrap(),
+        store.partition_id("delay.in", 1).unwrap(),
+    );
+    let at = Checkpoint {
+        changelog_next: 7,
+        source_next: Some(4),
+    };
+    store.restore(mine, &history(), at, &mut None).unwrap();
+    store.restore(theirs, &history(), at, &mut None).unwrap();
+    assert_eq!(store.pending(), 4);
+    assert_eq!(store.partitions_with_state(), vec![mine, theirs]);
+    assert_eq!(store.drop_partition(theirs).unwrap(), 2);
+    assert_eq!(store.pending(), 2);
+    assert_eq!(by_target_total(&store), 2);
+    assert!(pending(&store).iter().all(|(_, r)| r.pid() == mine));
+    assert_eq!(store.find_id(b"x").unwrap().len(), 1);
+    assert_eq!(store.checkpoint(theirs).unwrap(), None);
+    assert_eq!(store.next_offset(theirs).unwrap(), None);
+    assert_eq!(store.partitions_with_state(), vec![mine]);
+}
+
+#[test]
+fn with_ownership_tracked_only_owned_partitions_fire_and_a_disown_reports_what_is_in_flight() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let (a, b) = (
+        store.partition_id("delay.in", 0).unwrap(),
+        store.partition_id("delay.in", 1).unwrap(),
+    );
+    let timers = [
+        (1, RecordId::new(a, 0).unwrap()),
+        (1, RecordId::new(b, 0).unwrap()),
+    ];
+    for pid in [a, b] {
+        store
+            .apply(
+                &[IngestOp::Schedule {
+                    pid,
+                    offset: 0,
+                    schedule: sched(None, 1, "v"),
+                }],
+                0,
+            )
+            .unwrap();
+    }
+    // Without a changelog every partition fires.
+    assert_eq!(store.owned_partitions(), 2);
+    store.track_ownership();
+    assert_eq!(store.owned_partitions(), 0);
+    let batch = fire(&store, &timers);
+    assert_eq!((batch.records.len(), batch.not_owned), (0, 2));
+    store.own(a);
+    let batch = fire(&store, &timers);
+    assert_eq!((batch.records.len(), batch.not_owned), (1, 1));
+    assert_eq!(batch.records[0].id.pid(), a);
+    assert_eq!(store.disown(a), 1, "one record of a is being published");
+    assert!(!store.owns(a));
+    store.delivered(&fired(&batch), batch.read_at).unwrap();
+    assert_eq!(store.claimed_in(a), 0);
+}
