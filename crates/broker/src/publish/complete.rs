@@ -14,13 +14,13 @@ use super::{history, AttemptMap, Fault, Outcome, Publisher};
 use crate::backoff::Backoff;
 use crate::dead_letter::{DeadLetter, Origin};
 use crate::scheduler::Wake;
-use crate::store::ReadMark;
+use crate::store::{ReadMark, Store, StoreError};
 use kafka_delay_core::id::RecordId;
 use kafka_delay_core::record::StoredRecord;
 use kafka_delay_core::record::{names, Header, HeaderRef, Reason, Reject};
 
 /// How often a delete after delivery is tried (over about 6 s) before it is given up.
-pub(crate) const DELETE_TRIES: u32 = 8;
+const TRIES: u32 = 8;
 
 /// What became of a record whose delivery failed.
 enum Failed {
@@ -272,31 +272,42 @@ impl Publisher {
     /// few seconds; given up after that (the records fire again after a restart), and their
     /// claims given back.
     pub(crate) async fn delete_in_store(&self, finished: Arc<Vec<Arc<Sent>>>, read_at: ReadMark) {
-        let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
-        let mut tries = 0;
-        loop {
-            tries += 1;
-            let store = self.store.clone();
-            let batch = finished.clone();
-            let result = tokio::task::spawn_blocking(move || {
-                let refs: Vec<(RecordId, &StoredRecord)> =
-                    batch.iter().map(|s| (s.id, &s.record)).collect();
-                store.delivered(&refs, read_at)
-            })
-            .await;
-            match result {
-                Ok(Ok(_)) => return,
-                Ok(Err(e)) if tries < DELETE_TRIES => {
-                    warn!(error = %e, "cannot delete delivered records yet; retrying");
-                }
-                other => {
-                    error!(result = ?other.map(|r| r.map(|_| ())), records = finished.len(),
-                           "giving up deleting delivered records; they fire again after restart");
-                    self.store.release(finished.iter().map(|s| s.id));
-                    return;
-                }
-            }
-            backoff.wait().await;
+        let (store, batch) = (self.store.clone(), finished.clone());
+        let deleted =
+            tokio::task::spawn_blocking(move || delete_delivered(&store, &batch, read_at, TRIES))
+                .await;
+        if let Err(e) = deleted
+            .map_err(|e| e.to_string())
+            .and_then(|r| r.map_err(|e| e.to_string()))
+        {
+            error!(error = %e, records = finished.len(),
+                   "giving up deleting delivered records; they fire again after restart");
+            self.store.release(finished.iter().map(|s| s.id));
         }
+    }
+}
+
+/// Deletes delivered records ([`Store::delivered`]), tried `tries` times with a backoff from
+/// 50 ms (blocking): the one delete after delivery of every durability mode.
+///
+/// # Errors
+/// The last refusal, once every try failed.
+pub(crate) fn delete_delivered(
+    store: &Store,
+    done: &[Arc<Sent>],
+    read_at: ReadMark,
+    tries: u32,
+) -> Result<(), StoreError> {
+    let refs: Vec<(RecordId, &StoredRecord)> = done.iter().map(|s| (s.id, &s.record)).collect();
+    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(5));
+    let mut tried = 1;
+    loop {
+        match store.delivered(&refs, read_at) {
+            Ok(_) => return Ok(()),
+            Err(e) if tried >= tries => return Err(e),
+            Err(e) => warn!(error = %e, "cannot delete delivered records yet; retrying"),
+        }
+        std::thread::sleep(backoff.next_pause());
+        tried += 1;
     }
 }

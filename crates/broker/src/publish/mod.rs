@@ -36,6 +36,7 @@ use crate::metrics::Metrics;
 use crate::scheduler::{Due, Inserts};
 use crate::store::{ReadMark, Store};
 use crate::BoxFuture;
+pub(crate) use complete::delete_delivered;
 pub use failure::{classify, Failure, RetryPolicy, ERROR_KINDS};
 use kafka_delay_core::clock::Clock;
 use kafka_delay_core::hashing::BuildMul;

@@ -10,21 +10,18 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use tracing::{error, warn};
 
 use super::Exactly;
-use crate::backoff::Backoff;
 use crate::dead_letter::{self, DeadLetter};
 use crate::publish::reports::Sent;
-use crate::publish::{Delivery, Fault, Publisher};
+use crate::publish::{delete_delivered, Delivery, Fault, Publisher};
 use crate::store::{ReadMark, Store};
 use crate::txn::{Out, TxnError, Work};
 use crate::BoxFuture;
 use kafka_delay_core::changelog::Entry;
-use kafka_delay_core::id::{Pid, RecordId};
-use kafka_delay_core::record::StoredRecord;
+use kafka_delay_core::id::Pid;
 
 impl Delivery for Exactly {
     /// One transaction for `sents`; each outcome goes to the completion task once it is known.
@@ -138,24 +135,18 @@ fn target_record(p: &Publisher, s: &Sent) -> Out {
 const DELETE_TRIES: u32 = 6;
 
 /// Deletes records whose transaction committed, before the commit is answered: a checkpoint
-/// written after that answer never covers a tombstone whose record is still here. Tried a
-/// few times; a record that cannot be deleted stays claimed (it does not fire here again).
+/// written after that answer never covers a tombstone whose record is still here. A record
+/// that cannot be deleted stays claimed (it does not fire here again).
 fn delete_committed(store: &Store, done: &[Arc<Sent>]) {
     let Some(read_at) = done.iter().map(|s| s.read_at).min() else {
         return;
     };
-    let refs: Vec<(RecordId, &StoredRecord)> = done.iter().map(|s| (s.id, &s.record)).collect();
-    let mut backoff = Backoff::new(Duration::from_millis(50), Duration::from_secs(2));
-    for _ in 0..DELETE_TRIES {
-        match store.delivered(&refs, read_at) {
-            Ok(_) => return,
-            Err(e) => warn!(error = %e, "cannot delete fired records yet; retrying"),
-        }
-        std::thread::sleep(backoff.next_pause());
+    if let Err(e) = delete_delivered(store, done, read_at, DELETE_TRIES) {
+        error!(
+            error = %e,
+            records = done.len(),
+            "giving up deleting records whose transaction committed; they stay claimed here and \
+             may fire again only if this instance restarts from a checkpoint before them"
+        );
     }
-    error!(
-        records = done.len(),
-        "giving up deleting records whose transaction committed; they stay claimed here and \
-         may fire again only if this instance restarts from a checkpoint before them"
-    );
 }
