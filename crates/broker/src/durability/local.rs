@@ -5,7 +5,6 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::Duration;
 
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::{Offset, TopicPartitionList};
@@ -14,16 +13,12 @@ use tracing::{error, info};
 use crate::admin::Cluster;
 use crate::changelog::owners::Owner;
 use crate::changelog::GroupError;
-use crate::dead_letter::{DeadLetter, DeadLetters};
 use crate::ingest::{Durable, IngestContext, OffsetCommit, Rebalance, Stored};
 use crate::publish::reports::Sent;
 use crate::publish::{Delivery, Publisher};
 use crate::store::{ReadMark, Store, StoreError};
 use crate::BoxFuture;
 use kafka_delay_core::id::{Pid, RecordId};
-
-/// Longest a group's dead letters may take before ingest retries each one on its own.
-pub(super) const DEAD_LETTER_WAIT: Duration = Duration::from_secs(60);
 
 /// The local mode.
 #[derive(Debug)]
@@ -39,30 +34,6 @@ impl Local {
     }
 }
 
-/// Writes a group's dead letters before the group is stored (the at-least-once modes).
-pub(super) fn dead_letters_first<'a>(
-    dead_letters: &'a DeadLetters,
-    dead: &'a [DeadLetter],
-) -> BoxFuture<'a, ()> {
-    Box::pin(async move {
-        if !dead.is_empty() {
-            dead_letters.deliver_all(dead, DEAD_LETTER_WAIT).await;
-        }
-    })
-}
-
-/// Produces each record to its target (the at-least-once modes); each outcome arrives as its
-/// delivery report.
-pub(super) fn produce_each<'a>(p: &'a Publisher, sents: Vec<Arc<Sent>>) -> BoxFuture<'a, ()> {
-    Box::pin(async move {
-        for sent in sents {
-            if let Err((e, sent)) = p.produce(sent).await {
-                p.reports.send(sent, Err(e));
-            }
-        }
-    })
-}
-
 impl Durable for Local {
     fn start_offsets(&self) -> Result<HashMap<Pid, i64>, StoreError> {
         self.store.next_offsets()
@@ -70,14 +41,6 @@ impl Durable for Local {
 
     fn resumed(&self) -> HashMap<Pid, i64> {
         HashMap::new()
-    }
-
-    fn before_store<'a>(
-        &'a self,
-        dead_letters: &'a DeadLetters,
-        dead: &'a [DeadLetter],
-    ) -> BoxFuture<'a, ()> {
-        dead_letters_first(dead_letters, dead)
     }
 
     fn after_store<'a, 'm: 'a>(&'a self, _group: Stored<'a, 'm>) -> BoxFuture<'a, bool> {
@@ -133,10 +96,6 @@ impl Rebalance for Local {
 }
 
 impl Delivery for Local {
-    fn send<'a>(&'a self, p: &'a Publisher, sents: Vec<Arc<Sent>>) -> BoxFuture<'a, ()> {
-        produce_each(p, sents)
-    }
-
     fn finish<'a>(
         &'a self,
         p: &'a Publisher,
@@ -147,15 +106,6 @@ impl Delivery for Local {
             crate::failpoint::hit("after-delivery");
             p.delete_in_store(done, read_at).await;
         })
-    }
-
-    fn dead_letter<'a>(
-        &'a self,
-        p: &'a Publisher,
-        _sent: &'a Arc<Sent>,
-        dl: &'a DeadLetter,
-    ) -> BoxFuture<'a, bool> {
-        Box::pin(p.dead_letter_now(dl))
     }
 }
 

@@ -9,10 +9,8 @@ use std::sync::Arc;
 use tracing::{error, warn};
 
 use super::grouped::Grouped;
-use super::local::{dead_letters_first, produce_each};
 use crate::backoff::Backoff;
 use crate::changelog::group_entries;
-use crate::dead_letter::{DeadLetter, DeadLetters};
 use crate::ingest::{Durable, OffsetCommit, Stored};
 use crate::publish::reports::Sent;
 use crate::publish::{Delivery, Publisher};
@@ -80,14 +78,6 @@ impl Durable for Logged {
         self.grouped.handoff().take_resumed()
     }
 
-    fn before_store<'a>(
-        &'a self,
-        dead_letters: &'a DeadLetters,
-        dead: &'a [DeadLetter],
-    ) -> BoxFuture<'a, ()> {
-        dead_letters_first(dead_letters, dead)
-    }
-
     fn after_store<'a, 'm: 'a>(&'a self, group: Stored<'a, 'm>) -> BoxFuture<'a, bool> {
         Box::pin(self.log_changes(group))
     }
@@ -102,10 +92,6 @@ impl Durable for Logged {
 }
 
 impl Delivery for Logged {
-    fn send<'a>(&'a self, p: &'a Publisher, sents: Vec<Arc<Sent>>) -> BoxFuture<'a, ()> {
-        produce_each(p, sents)
-    }
-
     /// The delete here, then the tombstones (a revoke waits until they are handed to the
     /// changelog's producer).
     fn finish<'a>(
@@ -124,14 +110,5 @@ impl Delivery for Logged {
                 .await;
             h.paid();
         })
-    }
-
-    fn dead_letter<'a>(
-        &'a self,
-        p: &'a Publisher,
-        _sent: &'a Arc<Sent>,
-        dl: &'a DeadLetter,
-    ) -> BoxFuture<'a, bool> {
-        Box::pin(p.dead_letter_now(dl))
     }
 }

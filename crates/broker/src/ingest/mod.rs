@@ -47,6 +47,9 @@ use kafka_delay_core::clock::Clock;
 use kafka_delay_core::id::Pid;
 use kafka_delay_core::record::{Command, Contract, HeaderRef, Incoming, Reject};
 
+/// Longest a group's dead letters may take before each is retried on its own.
+const DEAD_LETTER_WAIT: Duration = Duration::from_secs(60);
+
 /// The last offset of each source partition in a group, by the partition's store id.
 pub type Last<'m> = HashMap<Pid, (&'m str, i32, i64)>;
 
@@ -89,12 +92,19 @@ pub trait Durable: Send + Sync + std::fmt::Debug {
     fn start_offsets(&self) -> Result<HashMap<Pid, i64>, StoreError>;
     /// Where the partitions handed to this instance since the last call resume.
     fn resumed(&self) -> HashMap<Pid, i64>;
-    /// Before the group is stored: what becomes of its rejected records.
+    /// Before the group is stored: what becomes of its rejected records. Unless the mode says
+    /// otherwise, they are written to the dead-letter topic and acknowledged first.
     fn before_store<'a>(
         &'a self,
         dead_letters: &'a DeadLetters,
         dead: &'a [DeadLetter],
-    ) -> BoxFuture<'a, ()>;
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if !dead.is_empty() {
+                dead_letters.deliver_all(dead, DEAD_LETTER_WAIT).await;
+            }
+        })
+    }
     /// After RocksDB took the group, before its offsets are stored and its records reach the
     /// wheel: makes it safe beyond this disk. `false`: not made safe (stopping, or none of its
     /// partitions is owned here any more); nothing of the group is acknowledged.

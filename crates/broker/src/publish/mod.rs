@@ -104,8 +104,17 @@ pub struct Publisher {
 /// `crate::durability`); the publisher never asks which mode it runs in.
 pub trait Delivery: Send + Sync + std::fmt::Debug {
     /// Sends records, each holding its in-flight permit, to their targets; each outcome
-    /// reaches the completion task through [`Publisher::reports`].
-    fn send<'a>(&'a self, p: &'a Publisher, sents: Vec<Arc<Sent>>) -> BoxFuture<'a, ()>;
+    /// reaches the completion task through [`Publisher::reports`]. Unless the mode says
+    /// otherwise, each is produced at once and its outcome is its delivery report.
+    fn send<'a>(&'a self, p: &'a Publisher, sents: Vec<Arc<Sent>>) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            for sent in sents {
+                if let Err((e, sent)) = p.produce(sent).await {
+                    p.reports.send(sent, Err(e));
+                }
+            }
+        })
+    }
     /// Records that reached their target or the dead-letter topic: their delete here (and
     /// wherever else the mode keeps them), unless the mode deleted them as they fired.
     fn finish<'a>(
@@ -116,12 +125,16 @@ pub trait Delivery: Send + Sync + std::fmt::Debug {
     ) -> BoxFuture<'a, ()>;
     /// Writes a record that cannot be delivered to the dead-letter topic; `true` once it is
     /// there (and, where the mode deletes as it writes, deleted).
+    /// Unless the mode says otherwise, it is written at once and the record is deleted with
+    /// the delivered ones ([`Delivery::finish`]).
     fn dead_letter<'a>(
         &'a self,
         p: &'a Publisher,
-        sent: &'a Arc<Sent>,
+        _sent: &'a Arc<Sent>,
         dl: &'a DeadLetter,
-    ) -> BoxFuture<'a, bool>;
+    ) -> BoxFuture<'a, bool> {
+        Box::pin(p.dead_letter_now(dl))
+    }
 }
 
 impl std::fmt::Debug for Publisher {
