@@ -195,6 +195,9 @@ pub struct Store {
     keep_within_ms: u64,
     /// Operators' actions skip claimed records ([`Store::protect_claimed`]).
     protect_claimed: std::sync::atomic::AtomicBool,
+    /// Whether only owned partitions fire ([`Store::track_ownership`]); read without the
+    /// firing lock, so that a store that owns everything answers `owns` for free.
+    tracks_ownership: std::sync::atomic::AtomicBool,
     path: PathBuf,
 }
 
@@ -235,6 +238,7 @@ impl Store {
             changes: AtomicU64::new(0),
             keep_within_ms: options.keep_within_ms,
             protect_claimed: std::sync::atomic::AtomicBool::new(false),
+            tracks_ownership: std::sync::atomic::AtomicBool::new(false),
             path: path.to_owned(),
         };
         store.load_partitions()?;

@@ -68,11 +68,12 @@ impl Store {
     /// From now on only the partitions handed to [`Store::own`] fire (a changelog is on).
     pub fn track_ownership(&self) {
         self.lock_firing().owned = Owned::Only(HashSet::default());
+        self.tracks_ownership.store(true, Ordering::Release);
     }
 
     /// Whether records of `pid` may fire from this store.
     pub fn owns(&self, pid: Pid) -> bool {
-        self.lock_firing().owned.contains(pid)
+        !self.tracks_ownership.load(Ordering::Acquire) || self.lock_firing().owned.contains(pid)
     }
 
     /// How many source partitions fire from this store (without a changelog: every one it
