@@ -11,9 +11,9 @@
 //! dropped. A partition lost without a revoke (this instance was cut off) cannot do any of
 //! that: the records it had in flight may fire again on the new owner.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
@@ -21,26 +21,12 @@ use rdkafka::TopicPartitionList;
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
+use super::moving::{blocking, Moving};
 use super::restore::Part;
-use super::Changelog;
-use crate::config::{millis, Config};
-use crate::metrics::Metrics;
-use crate::store::Store;
-use crate::BoxFuture;
+use crate::config::millis;
 use kafka_delay_core::id::Pid;
 
-/// Run once a partition is restored, before it fires here: given the partition and the source
-/// offset its changelog holds (the transactional mode drops what an uncommitted ingest left).
-#[derive(Clone)]
-pub struct OnRestored(pub Arc<dyn Fn(Pid, Option<i64>) -> BoxFuture<'static, ()> + Send + Sync>);
-
-impl std::fmt::Debug for OnRestored {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str("OnRestored")
-    }
-}
-
-/// What the rebalance callback hands the task that restores.
+/// What the rebalance callback hands the restore task.
 #[derive(Debug)]
 pub(super) enum Event {
     /// Partitions assigned, to restore.
@@ -49,22 +35,11 @@ pub(super) enum Event {
     Revoked(Vec<Pid>),
 }
 
-/// Shared by the rebalance callback and the task that restores partitions.
+/// The rebalance callback's side of partitions changing owner.
 #[derive(Debug)]
 pub struct Handoff {
-    pub(super) store: Arc<Store>,
-    pub(super) changelog: Changelog,
-    pub(super) config: Arc<Config>,
+    moving: Arc<Moving>,
     events: mpsc::UnboundedSender<Event>,
-    /// The partitions being restored, and the flag that stops each.
-    restoring: Mutex<HashMap<Pid, Arc<AtomicBool>>>,
-    /// The partitions a standby pass is catching up, and the flag that stops each (an
-    /// assignment stops it). Locked after `restoring`.
-    pub(super) standby: Mutex<HashMap<Pid, Arc<AtomicBool>>>,
-    /// Held by every restore and standby pass: one at a time writes a partition's state.
-    pub(super) restore_lock: Arc<Mutex<()>>,
-    /// Records in each warm copy.
-    pub(super) warm: Mutex<HashMap<Pid, u64>>,
     /// Set at shutdown: a revoke then keeps the local state (the checkpoint makes the next
     /// start read only the changelog's tail).
     stopping: AtomicBool,
@@ -73,65 +48,24 @@ pub struct Handoff {
     first_seen: AtomicBool,
     /// Delete-after-delivery tombstones not yet handed to the changelog's producer.
     owed: AtomicUsize,
-    /// Where ingest resumes each partition it was handed: set before the partition is
-    /// resumed, taken by ingest before its next group.
-    pub(super) resumes: Mutex<HashMap<Pid, i64>>,
-    pub(super) metrics: Metrics,
-    /// Where this instance's HTTP server is reached.
-    pub(super) advertised: String,
-    /// Run once a partition is restored, before it fires here.
-    pub(super) on_restored: Option<OnRestored>,
 }
 
-/// The receiving end of [`Handoff`]'s events, for [`Handoff::run`].
+/// The receiving end of [`Handoff`]'s events, for the restore task.
 #[derive(Debug)]
 pub struct Events(pub(super) mpsc::UnboundedReceiver<Event>);
 
 impl Handoff {
-    /// A handoff for `store`'s partitions, of the instance whose HTTP server is reached at
-    /// `advertised`.
-    pub fn new(
-        store: Arc<Store>,
-        changelog: Changelog,
-        config: Arc<Config>,
-        metrics: Metrics,
-        (advertised, on_restored): (String, Option<OnRestored>),
-    ) -> (Arc<Self>, Events) {
+    /// The callback's side of `moving`, and the events it sends the restore task.
+    pub fn new(moving: Arc<Moving>) -> (Self, Events) {
         let (tx, rx) = mpsc::unbounded_channel();
-        store.track_ownership();
         let h = Self {
-            store,
-            changelog,
-            config,
+            moving,
             events: tx,
-            restoring: Mutex::default(),
-            standby: Mutex::default(),
-            restore_lock: Arc::default(),
-            warm: Mutex::default(),
             stopping: AtomicBool::new(false),
             first_seen: AtomicBool::new(false),
             owed: AtomicUsize::new(0),
-            resumes: Mutex::default(),
-            metrics,
-            advertised,
-            on_restored,
         };
-        (Arc::new(h), Events(rx))
-    }
-
-    /// Where ingest resumes the partitions handed over since the last call.
-    pub fn take_resumed(&self) -> HashMap<Pid, i64> {
-        std::mem::take(&mut *lock(&self.resumes))
-    }
-
-    /// The store whose partitions move.
-    pub fn store(&self) -> &Arc<Store> {
-        &self.store
-    }
-
-    /// The changelog.
-    pub fn changelog(&self) -> &Changelog {
-        &self.changelog
+        (h, Events(rx))
     }
 
     /// From now on a revoke keeps the local state (the process is stopping).
@@ -159,14 +93,15 @@ impl Handoff {
         if let Err(e) = consumer.pause(tpl) {
             error!(error = %e, "cannot pause newly assigned partitions");
         }
+        let m = &self.moving;
         let mut parts = Vec::new();
         for e in tpl.elements() {
-            if self.changelog.is_changelog(e.topic()) {
+            if m.changelog.is_changelog(e.topic()) {
                 error!(topic = e.topic(), partition = e.partition(),
                        "--source-pattern matches a changelog topic; it stays paused (narrow the pattern)");
                 continue;
             }
-            let pid = match self.store.partition_id(e.topic(), e.partition()) {
+            let pid = match m.store.partition_id(e.topic(), e.partition()) {
                 Ok(pid) => pid,
                 Err(err) => {
                     error!(topic = e.topic(), partition = e.partition(), error = %err,
@@ -175,7 +110,7 @@ impl Handoff {
                 }
             };
             let cancelled = Arc::new(AtomicBool::new(false));
-            self.lock_restoring().insert(pid, cancelled.clone());
+            m.restoring().insert(pid, cancelled.clone());
             parts.push(Part {
                 pid,
                 topic: e.topic().to_owned(),
@@ -183,15 +118,10 @@ impl Handoff {
                 cancelled,
             });
         }
-        // A standby pass under way stops (at its next chunk), so the restore of what is
-        // assigned need not wait for it; the next pass goes on from where it stopped.
-        {
-            let _restoring = self.lock_restoring();
-            for flag in lock(&self.standby).values() {
-                flag.store(true, Ordering::Relaxed);
-            }
-        }
-        self.count_restoring();
+        // A standby pass under way stops (at its next chunk); the next pass goes on from where
+        // it stopped.
+        m.stop_catching_up();
+        m.count_restoring();
         // With standbys, the standby pass decides what of the rest stays.
         if !self.first_seen.swap(true, Ordering::Relaxed) && !self.keeps_copies() {
             self.drop_unassigned(&parts);
@@ -203,6 +133,7 @@ impl Handoff {
     fn drop_unassigned(&self, parts: &[Part]) {
         let mine: HashSet<Pid> = parts.iter().map(|p| p.pid).collect();
         let stale: Vec<Pid> = self
+            .moving
             .store
             .partitions_with_state()
             .into_iter()
@@ -217,22 +148,23 @@ impl Handoff {
     /// partitions, waits (at most the handoff wait) for their deliveries in flight and the
     /// changelog writes they owe, then hands them to the restore task to be dropped.
     pub fn on_revoke(&self, tpl: &TopicPartitionList) {
+        let m = &self.moving;
         let pids: Vec<Pid> = tpl
             .elements()
             .iter()
-            .filter_map(|e| self.store.lookup_partition(e.topic(), e.partition()))
+            .filter_map(|e| m.store.lookup_partition(e.topic(), e.partition()))
             .collect();
         for pid in &pids {
-            if let Some(flag) = self.lock_restoring().remove(pid) {
+            if let Some(flag) = m.restoring().remove(pid) {
                 flag.store(true, Ordering::Relaxed);
             }
-            self.store.disown(*pid);
+            m.store.disown(*pid);
         }
-        self.count_restoring();
-        let wait = self.config.cluster.handoff_wait;
+        m.count_restoring();
+        let wait = m.config.cluster.handoff_wait;
         let started = Instant::now();
         let settled = || {
-            pids.iter().all(|p| self.store.claimed_in(*p) == 0)
+            pids.iter().all(|p| m.store.claimed_in(*p) == 0)
                 && self.owed.load(Ordering::Acquire) == 0
         };
         blocking(|| {
@@ -240,12 +172,9 @@ impl Handoff {
                 std::thread::sleep(Duration::from_millis(5));
             }
         });
-        let in_flight: usize = pids.iter().map(|p| self.store.claimed_in(*p)).sum();
-        let flushed = blocking(|| self.changelog.flush(wait.saturating_sub(started.elapsed())));
-        self.metrics
-            .broker
-            .handoff_unsettled
-            .inc_by(in_flight as u64);
+        let in_flight: usize = pids.iter().map(|p| m.store.claimed_in(*p)).sum();
+        let flushed = blocking(|| m.changelog.flush(wait.saturating_sub(started.elapsed())));
+        m.metrics.broker.handoff_unsettled.inc_by(in_flight as u64);
         if in_flight > 0 || flushed.is_err() {
             warn!(in_flight, flushed = ?flushed, wait_ms = millis(wait),
                   "partitions let go before all their deliveries settled; those records may fire again on the new owner");
@@ -262,32 +191,6 @@ impl Handoff {
 
     /// Whether partitions owned elsewhere may stay here, as standby copies.
     fn keeps_copies(&self) -> bool {
-        self.config.cluster.standby_replicas > 0
-    }
-
-    pub(super) fn lock_restoring(
-        &self,
-    ) -> std::sync::MutexGuard<'_, HashMap<Pid, Arc<AtomicBool>>> {
-        lock(&self.restoring)
-    }
-
-    pub(super) fn count_restoring(&self) {
-        let n = self.lock_restoring().len();
-        self.metrics.broker.partitions_restoring.set(n as i64);
-    }
-}
-
-/// `m` locked, even if a thread panicked holding it.
-pub(super) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-/// Runs `f`, which blocks, letting the runtime move its other tasks off this worker first.
-pub(super) fn blocking<R>(f: impl FnOnce() -> R) -> R {
-    match tokio::runtime::Handle::try_current() {
-        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-            tokio::task::block_in_place(f)
-        }
-        _ => f(),
+        self.moving.config.cluster.standby_replicas > 0
     }
 }

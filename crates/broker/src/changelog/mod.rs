@@ -9,14 +9,20 @@
 //! Every change reaches RocksDB first and the changelog second: ingest stores a group, writes
 //! it to the changelog, waits for the acknowledgement, and only then stores the source offsets
 //! for commit and hands the records to the scheduler. A delete after delivery writes a
-//! tombstone. See [`restore`] for the way back and [`handoff`] for partitions changing owner.
+//! //! tombstone. See [`restore`] for the way back.
+//!
+//! Partitions changing owner go through three roles that share [`moving::Moving`] (what is
+//! being restored or caught up here): the rebalance callback ([`handoff::Handoff`]), the restore
+//! task ([`takeover::Takeover`]) and, with standby replicas, the standby pass
+//! ([`standby::Standbys`]). What the admin API asks of the group is [`operate::Operators`]'s.
 
 pub mod handoff;
-mod operate;
+pub mod moving;
+pub mod operate;
 pub mod owners;
 pub mod restore;
 pub mod standby;
-mod takeover;
+pub mod takeover;
 pub mod topics;
 
 use std::collections::HashMap;

@@ -2,14 +2,36 @@
 //! changelog, and who owns which partition (this instance's advertised address included).
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
-use super::handoff::{blocking, Handoff};
-use super::GroupError;
+use super::moving::blocking;
+use super::{Changelog, GroupError};
+use crate::store::Store;
 use kafka_delay_core::changelog::Entry;
 use kafka_delay_core::id::{Pid, RecordId};
 use kafka_delay_core::record::StoredRecord;
 
-impl Handoff {
+/// What the admin API asks of a group of instances.
+#[derive(Debug)]
+pub struct Operators {
+    store: Arc<Store>,
+    changelog: Changelog,
+    group: String,
+    /// Where this instance's HTTP server is reached.
+    advertised: String,
+}
+
+impl Operators {
+    /// For the instance of consumer group `group` whose HTTP server is reached at `advertised`.
+    pub fn new(store: Arc<Store>, changelog: Changelog, group: String, advertised: String) -> Self {
+        Self {
+            store,
+            changelog,
+            group,
+            advertised,
+        }
+    }
+
     /// Where this instance's HTTP server is reached.
     pub fn advertised(&self) -> &str {
         &self.advertised
@@ -22,7 +44,7 @@ impl Handoff {
     pub fn owners(&self) -> Result<Vec<super::owners::Owner>, GroupError> {
         super::owners::owners(
             rdkafka::producer::Producer::client(self.changelog.producer()),
-            &self.config.kafka.group_id,
+            &self.group,
         )
     }
 

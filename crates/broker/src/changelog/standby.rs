@@ -21,12 +21,12 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::AtomicBool;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tracing::{info, warn};
 
-use super::handoff::{lock, Handoff};
+use super::moving::{lock, Moving};
 use super::owners::{self, Owner, CLIENT_ID_PREFIX};
 use super::restore::{self, Outcome, Part};
 use super::GroupError;
@@ -82,20 +82,40 @@ fn rank(member: &str, topic: &str, partition: i32) -> u64 {
     h ^ (h >> 31)
 }
 
-impl Handoff {
+/// The standby pass's side of partitions changing owner: the copies this instance keeps.
+#[derive(Debug)]
+pub struct Standbys {
+    moving: Arc<Moving>,
+    /// This instance's consumer `client.id`, as the group shows it.
+    me: String,
+    /// Records in each warm copy.
+    warm: Mutex<HashMap<Pid, u64>>,
+}
+
+impl Standbys {
+    /// The copies kept by the instance whose HTTP server is reached at `advertised`.
+    pub fn new(moving: Arc<Moving>, advertised: &str) -> Self {
+        Self {
+            moving,
+            me: format!("{CLIENT_ID_PREFIX}{advertised}"),
+            warm: Mutex::default(),
+        }
+    }
+
     /// Keeps the standby copies warm until `stop` (returns at once without standby replicas).
-    pub async fn run_standbys(self: Arc<Self>, mut stop: tokio::sync::watch::Receiver<bool>) {
-        if self.config.cluster.standby_replicas == 0 {
+    pub async fn run(self, mut stop: tokio::sync::watch::Receiver<bool>) {
+        if self.moving.config.cluster.standby_replicas == 0 {
             return;
         }
+        let this = Arc::new(self);
         let mut failures = 0u32;
         loop {
             tokio::select! {
                 _ = stop.wait_for(|s| *s) => return,
                 () = tokio::time::sleep(EVERY) => {}
             }
-            let h = self.clone();
-            match tokio::task::spawn_blocking(move || h.standby_pass()).await {
+            let s = this.clone();
+            match tokio::task::spawn_blocking(move || s.pass()).await {
                 Ok(Ok(())) => failures = 0,
                 Ok(Err(e)) => {
                     // Said once, then once a minute while it lasts.
@@ -110,15 +130,15 @@ impl Handoff {
     }
 
     /// One pass: which copies to keep, catching them up, dropping the rest. Blocking.
-    fn standby_pass(&self) -> Result<(), GroupError> {
-        let me = format!("{CLIENT_ID_PREFIX}{}", self.advertised());
-        let client = rdkafka::producer::Producer::client(self.changelog.producer());
-        let group = owners::describe(client, &self.config.kafka.group_id)?;
-        if !group.stable || !group.owners.iter().any(|o| o.client_id == me) {
+    fn pass(&self) -> Result<(), GroupError> {
+        let m = &self.moving;
+        let client = rdkafka::producer::Producer::client(m.changelog.producer());
+        let group = owners::describe(client, &m.config.kafka.group_id)?;
+        if !group.stable || !group.owners.iter().any(|o| o.client_id == self.me) {
             return Ok(()); // a rebalance is under way: what is kept is decided after it
         }
-        let wanted = standbys(&group.owners, &me, self.config.cluster.standby_replicas);
-        let _turn = lock(&self.restore_lock);
+        let wanted = standbys(&group.owners, &self.me, m.config.cluster.standby_replicas);
+        let _turn = m.writer_turn();
         let parts = self.register(&wanted)?;
         self.drop_others(&parts);
         let mut by_topic: HashMap<String, Vec<Part>> = HashMap::new();
@@ -129,36 +149,37 @@ impl Handoff {
         let mut failed = None;
         for (topic, parts) in by_topic {
             let wait = Duration::from_secs(10);
-            match restore::restore(&self.config, &self.store, parts, wait, None) {
+            match restore::restore(&m.config, &m.store, parts, wait, None) {
                 Ok(o) => outcomes.extend(o),
                 Err(e) => failed = Some(format!("{topic}: {e}")),
             }
         }
         self.tally(&parts, &outcomes);
-        lock(&self.standby).clear();
+        m.catching_up().clear();
         failed.map_or(Ok(()), |f| Err(GroupError::Topics(f)))
     }
 
     /// The copies this pass catches up: `wanted` less what is owned or being restored here,
     /// each with the flag an assignment sets to stop it.
     fn register(&self, wanted: &[(String, i32)]) -> Result<Vec<Part>, GroupError> {
-        let restoring = self.lock_restoring();
-        let mut flags = lock(&self.standby);
+        let m = &self.moving;
+        let restoring = m.restoring();
+        let mut flags = m.catching_up();
         flags.clear();
         let mut parts = Vec::new();
         for (topic, partition) in wanted {
-            if self.changelog.is_changelog(topic) {
+            if m.changelog.is_changelog(topic) {
                 continue;
             }
-            let pid = self.store.partition_id(topic, *partition)?;
-            if restoring.contains_key(&pid) || self.store.owns(pid) {
+            let pid = m.store.partition_id(topic, *partition)?;
+            if restoring.contains_key(&pid) || m.store.owns(pid) {
                 continue;
             }
             let cancelled = Arc::new(AtomicBool::new(false));
             flags.insert(pid, cancelled.clone());
             parts.push(Part {
                 pid,
-                topic: self.changelog.topic_of(topic),
+                topic: m.changelog.topic_of(topic),
                 partition: *partition,
                 cancelled,
             });
@@ -166,16 +187,18 @@ impl Handoff {
         Ok(parts)
     }
 
-    /// Drops the local state of partitions neither owned, being restored, nor kept as copies.
+    /// Drops the local state of partitions neither owned, being restored, nor kept as copies,
+    /// and stops counting as copies those this instance owns now.
     fn drop_others(&self, kept: &[Part]) {
         let keep: HashSet<Pid> = kept.iter().map(|p| p.pid).collect();
         let stale = self
+            .moving
             .store
             .partitions_with_state()
             .into_iter()
             .filter(|p| !keep.contains(p));
-        self.drop_owned_elsewhere(stale);
-        lock(&self.warm).retain(|pid, _| keep.contains(pid) || self.store.owns(*pid));
+        self.moving.drop_owned_elsewhere(stale);
+        lock(&self.warm).retain(|pid, _| keep.contains(pid));
     }
 
     /// Counts the copies' records and how far behind they were, for the metrics.
@@ -190,14 +213,14 @@ impl Handoff {
             match warm.get_mut(&part.pid) {
                 Some(n) => *n = n.saturating_add_signed(o.delta),
                 None => {
-                    let n = self.store.count_partition(part.pid).unwrap_or(0);
+                    let n = self.moving.store.count_partition(part.pid).unwrap_or(0);
                     warm.insert(part.pid, n);
                     info!(topic = %part.topic, partition = part.partition, records = n,
                           entries = o.entries, "standby copy of a partition owned elsewhere is warm");
                 }
             }
         }
-        let b = &self.metrics.broker;
+        let b = &self.moving.metrics.broker;
         b.partitions_standby.set(warm.len() as i64);
         b.standby_records.set(warm.values().sum::<u64>() as i64);
         b.standby_lag.set(lag as i64);

@@ -3,26 +3,76 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::{Offset, TopicPartitionList};
-use tracing::{error, info, warn};
+use tracing::{error, info};
 
-use super::handoff::{lock, Event, Events, Handoff};
+use super::handoff::{Event, Events};
+use super::moving::{lock, Moving};
 use super::restore::{self, Outcome, Part};
 use super::{topics, GroupError};
 use crate::backoff::Backoff;
 use crate::scheduler::{Inserts, Wake};
+use crate::BoxFuture;
 use kafka_delay_core::id::Pid;
 
-impl Handoff {
+/// Run once a partition is restored, before it fires here: given the partition and the source
+/// offset its changelog holds (the transactional mode drops what an uncommitted ingest left).
+#[derive(Clone)]
+pub struct OnRestored(pub Arc<dyn Fn(Pid, Option<i64>) -> BoxFuture<'static, ()> + Send + Sync>);
+
+impl std::fmt::Debug for OnRestored {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("OnRestored")
+    }
+}
+
+/// Where ingest resumes each partition handed to this instance: set by the restore task before
+/// the partition is resumed, taken by ingest before its next group.
+#[derive(Debug, Default)]
+pub struct Resumes(Mutex<HashMap<Pid, i64>>);
+
+impl Resumes {
+    /// Where ingest resumes the partitions handed over since the last call.
+    pub fn take(&self) -> HashMap<Pid, i64> {
+        std::mem::take(&mut *lock(&self.0))
+    }
+}
+
+/// The restore task's side of partitions changing owner.
+#[derive(Debug)]
+pub struct Takeover {
+    moving: Arc<Moving>,
+    events: Events,
+    resumes: Arc<Resumes>,
+    /// Run once a partition is restored, before it fires here.
+    on_restored: Option<OnRestored>,
+}
+
+impl Takeover {
+    /// The task that acts on `events`, telling ingest through `resumes` where each partition
+    /// it takes over resumes.
+    pub fn new(
+        moving: Arc<Moving>,
+        events: Events,
+        resumes: Arc<Resumes>,
+        on_restored: Option<OnRestored>,
+    ) -> Self {
+        Self {
+            moving,
+            events,
+            resumes,
+            on_restored,
+        }
+    }
+
     /// The restore task: restores what is assigned, drops what was revoked, in the order the
     /// callback saw them.
     pub async fn run<C>(
-        self: Arc<Self>,
-        mut events: Events,
+        mut self,
         consumer: Arc<StreamConsumer<C>>,
         scheduler: Inserts,
         (horizon_ms, clock): (u64, Arc<dyn kafka_delay_core::clock::Clock>),
@@ -33,7 +83,7 @@ impl Handoff {
         loop {
             let event = tokio::select! {
                 _ = stop.wait_for(|s| *s) => return, // lets go of the consumer, so it can close
-                e = events.0.recv() => e,
+                e = self.events.0.recv() => e,
             };
             match event {
                 None => return,
@@ -46,33 +96,9 @@ impl Handoff {
         }
     }
 
-    async fn drop_partitions(self: &Arc<Self>, pids: Vec<Pid>) {
-        let h = self.clone();
-        let _ = tokio::task::spawn_blocking(move || h.drop_owned_elsewhere(pids)).await;
-    }
-
-    /// Drops the local state of those of `pids` neither owned nor being restored here, and
-    /// says how many records went. Blocking.
-    pub(super) fn drop_owned_elsewhere(&self, pids: impl IntoIterator<Item = Pid>) -> u64 {
-        let mut dropped = 0;
-        for pid in pids {
-            if self.store.owns(pid) || self.lock_restoring().contains_key(&pid) {
-                continue;
-            }
-            match self.store.drop_partition(pid) {
-                Ok(n) => dropped += n,
-                Err(e) => {
-                    warn!(error = %e, "cannot drop the local state of a partition owned elsewhere")
-                }
-            }
-        }
-        if dropped > 0 {
-            info!(
-                records = dropped,
-                "local state of partitions owned elsewhere dropped"
-            );
-        }
-        dropped
+    async fn drop_partitions(&self, pids: Vec<Pid>) {
+        let m = self.moving.clone();
+        let _ = tokio::task::spawn_blocking(move || m.drop_owned_elsewhere(pids)).await;
     }
 
     /// Restores `parts` (trying again until it works or they are revoked), then makes each
@@ -111,21 +137,14 @@ impl Handoff {
     }
 
     async fn restore(&self, parts: Vec<Part>) -> Result<HashMap<Pid, Outcome>, GroupError> {
-        let (store, config, changelog) = (
-            self.store.clone(),
-            self.config.clone(),
-            self.changelog.clone(),
-        );
-        let (one_at_a_time, remaining) = (
-            self.restore_lock.clone(),
-            self.metrics.broker.restore_remaining.clone(),
-        );
+        let m = self.moving.clone();
         tokio::task::spawn_blocking(move || {
-            let _turn = lock(&one_at_a_time);
+            let (store, config, changelog) = (&m.store, &m.config, &m.changelog);
+            let _turn = m.writer_turn();
             let replication = config.cluster.changelog_replication;
             let sources: HashSet<&str> = parts.iter().map(|p| p.topic.as_str()).collect();
             for source in sources {
-                topics::ensure(&config, source, &changelog.topic_of(source), replication)?;
+                topics::ensure(config, source, &changelog.topic_of(source), replication)?;
             }
             let parts = parts
                 .into_iter()
@@ -135,11 +154,11 @@ impl Handoff {
                 })
                 .collect();
             Ok(restore::restore(
-                &config,
-                &store,
+                config,
+                store,
                 parts,
                 Duration::from_secs(10),
-                Some(&remaining),
+                Some(&m.metrics.broker.restore_remaining),
             )?)
         })
         .await
@@ -160,18 +179,18 @@ impl Handoff {
         until: u64,
         started: Instant,
     ) {
-        self.metrics.broker.restored_entries.inc_by(outcome.entries);
-        if self.lock_restoring().remove(&part.pid).is_none() {
+        let m = &self.moving;
+        m.metrics.broker.restored_entries.inc_by(outcome.entries);
+        if m.restoring().remove(&part.pid).is_none() {
             return; // revoked meanwhile
         }
-        self.count_restoring();
+        m.count_restoring();
         let pid = part.pid;
         if let Some(hook) = &self.on_restored {
             (hook.0)(pid, outcome.source_next).await;
         }
-        self.store.own(pid);
-        lock(&self.warm).remove(&pid);
-        let store = self.store.clone();
+        m.store.own(pid);
+        let store = m.store.clone();
         let timers = tokio::task::spawn_blocking(move || store.due_of_partition(pid, until))
             .await
             .map_err(|e| e.to_string())
@@ -185,7 +204,7 @@ impl Handoff {
         }
         let offset = match outcome.source_next {
             Some(next) => {
-                lock(&self.resumes).insert(pid, next);
+                lock(&self.resumes.0).insert(pid, next);
                 Offset::Offset(next)
             }
             None => self.committed_or_reset(consumer, part).await,
@@ -203,7 +222,7 @@ impl Handoff {
         .await;
         info!(topic = %part.topic, partition = part.partition, entries = outcome.entries,
               from_checkpoint = outcome.from_checkpoint, resume_at = ?offset,
-              pending = self.store.pending(), ms = started.elapsed().as_millis() as u64,
+              pending = m.store.pending(), ms = started.elapsed().as_millis() as u64,
               result = ?resumed.as_ref().map(|r| r.as_ref().map_err(|e| e.to_string())),
               "partition restored and firing here");
     }
@@ -215,7 +234,7 @@ impl Handoff {
         consumer: &Arc<StreamConsumer<C>>,
         part: &Part,
     ) -> Offset {
-        let latest = self.config.kafka.properties.iter().any(|p| {
+        let latest = self.moving.config.kafka.properties.iter().any(|p| {
             p.key == "auto.offset.reset" && matches!(p.value.as_str(), "latest" | "largest" | "end")
         });
         let (c, topic, partition) = (consumer.clone(), part.topic.clone(), part.partition);

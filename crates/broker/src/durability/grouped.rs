@@ -1,6 +1,7 @@
 //! What the two changelog modes share: partitions move between the instances of a group
 //! through the handoff, and operators' changes go to the changelog before they are answered.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use rdkafka::consumer::BaseConsumer;
@@ -8,28 +9,66 @@ use rdkafka::TopicPartitionList;
 
 use crate::admin::Cluster;
 use crate::changelog::handoff::Handoff;
+use crate::changelog::operate::Operators;
 use crate::changelog::owners::Owner;
-use crate::changelog::GroupError;
+use crate::changelog::takeover::Resumes;
+use crate::changelog::{Changelog, GroupError};
 use crate::ingest::{IngestContext, Rebalance};
 use crate::store::Store;
-use kafka_delay_core::id::RecordId;
+use kafka_delay_core::id::{Pid, RecordId};
 use kafka_delay_core::record::StoredRecord;
 
 /// An instance of a group whose partitions move between instances.
 #[derive(Debug)]
 pub struct Grouped {
+    store: Arc<Store>,
+    changelog: Changelog,
     handoff: Arc<Handoff>,
+    resumes: Arc<Resumes>,
+    operators: Operators,
 }
 
 impl Grouped {
-    /// Over `handoff`.
-    pub fn new(handoff: Arc<Handoff>) -> Self {
-        Self { handoff }
+    /// `store`'s partitions, logged to `changelog`, moving through `handoff`; the restore
+    /// task says in `resumes` where ingest resumes each.
+    pub fn new(
+        (store, changelog): (Arc<Store>, Changelog),
+        handoff: Arc<Handoff>,
+        resumes: Arc<Resumes>,
+        operators: Operators,
+    ) -> Self {
+        Self {
+            store,
+            changelog,
+            handoff,
+            resumes,
+            operators,
+        }
     }
 
-    /// The handoff.
+    /// The rebalance callback's side of the handoff.
     pub fn handoff(&self) -> &Arc<Handoff> {
         &self.handoff
+    }
+
+    /// The changelog.
+    pub fn changelog(&self) -> &Changelog {
+        &self.changelog
+    }
+
+    /// The store whose partitions move.
+    pub fn store(&self) -> &Arc<Store> {
+        &self.store
+    }
+
+    /// Where ingest resumes the partitions handed over since the last call.
+    pub fn take_resumed(&self) -> HashMap<Pid, i64> {
+        self.resumes.take()
+    }
+
+    /// Where this instance's HTTP server is reached.
+    pub fn advertised(&self) -> &str {
+        self.operators.advertised()
     }
 }
 
@@ -50,11 +89,11 @@ impl Rebalance for Grouped {
 
 impl Cluster for Grouped {
     fn this(&self) -> Option<&str> {
-        Some(self.handoff.advertised())
+        Some(self.operators.advertised())
     }
 
     fn owners(&self) -> Option<Result<Vec<Owner>, GroupError>> {
-        Some(self.handoff.owners())
+        Some(self.operators.owners())
     }
 
     fn log_changes(
@@ -74,6 +113,6 @@ impl Cluster for Grouped {
             .filter(|(_, r)| r.is_some())
             .chain(cancelled.iter().map(|rid| (*rid, None)))
             .collect();
-        self.handoff.write_now(&changes)
+        self.operators.write_now(&changes)
     }
 }

@@ -26,7 +26,7 @@ pub struct Logged {
 }
 
 impl Logged {
-    /// Over the group's handoff.
+    /// Over the group's parts.
     pub fn new(grouped: Arc<Grouped>) -> Self {
         Self { grouped }
     }
@@ -35,20 +35,20 @@ impl Logged {
     /// then checkpoints each partition. Tried again until it works; `false` when stopping
     /// first.
     async fn log_changes(&self, group: Stored<'_, '_>) -> bool {
-        let h = self.grouped.handoff();
+        let g = &self.grouped;
         let mut by_pid = group_entries(group.ops, group.applied);
         for (pid, &(topic, partition, offset)) in group.last.iter() {
             let entries = by_pid.entry(*pid).or_default();
             entries.push(Entry::SourceOffset(offset + 1));
             let mut backoff = Backoff::standard();
             loop {
-                match h.changelog().write(topic, partition, entries).await {
+                match g.changelog().write(topic, partition, entries).await {
                     Ok(next) => {
                         let at = Checkpoint {
                             changelog_next: next,
                             source_next: Some(offset + 1),
                         };
-                        if let Err(e) = h.store().set_checkpoint(*pid, at) {
+                        if let Err(e) = g.store().set_checkpoint(*pid, at) {
                             warn!(%topic, partition, error = %e, "cannot write the changelog checkpoint");
                         }
                         break;
@@ -75,7 +75,7 @@ impl Durable for Logged {
     }
 
     fn resumed(&self) -> HashMap<Pid, i64> {
-        self.grouped.handoff().take_resumed()
+        self.grouped.take_resumed()
     }
 
     fn after_store<'a, 'm: 'a>(&'a self, group: Stored<'a, 'm>) -> BoxFuture<'a, bool> {
@@ -102,11 +102,11 @@ impl Delivery for Logged {
     ) -> BoxFuture<'a, ()> {
         Box::pin(async move {
             crate::failpoint::hit("after-delivery");
-            let h = self.grouped.handoff();
+            let (g, h) = (&self.grouped, self.grouped.handoff());
             h.owe();
             p.delete_in_store(done.clone(), read_at).await;
-            h.changelog()
-                .gone(h.store(), done.iter().map(|s| s.id))
+            g.changelog()
+                .gone(g.store(), done.iter().map(|s| s.id))
                 .await;
             h.paid();
         })

@@ -27,7 +27,11 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
-use crate::changelog::handoff::{Events, Handoff, OnRestored};
+use crate::changelog::handoff::Handoff;
+use crate::changelog::moving::Moving;
+use crate::changelog::operate::Operators;
+use crate::changelog::standby::Standbys;
+use crate::changelog::takeover::{OnRestored, Resumes, Takeover};
 use crate::changelog::topics::TopicError;
 use crate::changelog::Changelog;
 use crate::config::{millis, Config};
@@ -89,8 +93,15 @@ pub struct Prepared {
 #[derive(Debug)]
 enum Kind {
     Local(Arc<Local>),
-    Logged(Arc<Grouped>, Events),
-    Exactly(Arc<Grouped>, Events, Arc<exactly::Consumed>, String),
+    Logged(Arc<Grouped>, Movers),
+    Exactly(Arc<Grouped>, Movers, Arc<exactly::Consumed>, String),
+}
+
+/// With a changelog, the tasks that move partitions here, not yet started.
+#[derive(Debug)]
+struct Movers {
+    takeover: Takeover,
+    standbys: Standbys,
 }
 
 /// What the running broker and its shutdown need of the chosen mode.
@@ -101,7 +112,7 @@ pub struct Durability {
     /// What the publisher calls.
     pub delivery: Arc<dyn Delivery>,
     /// The partitions moving between instances (with a changelog).
-    handoff: Option<Arc<Handoff>>,
+    grouped: Option<Arc<Grouped>>,
     /// Every task the mode started, waited for at shutdown.
     tasks: Vec<(&'static str, JoinHandle<()>)>,
 }
@@ -159,17 +170,34 @@ impl Prepared {
                     Box::pin(async move { c.forget_uncommitted(pid, source_next).await })
                 }))
             });
-            let (handoff, events) = Handoff::new(
+            let changelog = Changelog::new(&config)?;
+            let moving = Moving::new(
                 store.clone(),
-                Changelog::new(&config)?,
+                changelog.clone(),
                 config.clone(),
                 metrics.clone(),
-                (advertised, on_restored),
             );
-            let grouped = Arc::new(Grouped::new(handoff));
+            let (handoff, events) = Handoff::new(moving.clone());
+            let resumes = Arc::new(Resumes::default());
+            let movers = Movers {
+                takeover: Takeover::new(moving.clone(), events, resumes.clone(), on_restored),
+                standbys: Standbys::new(moving, &advertised),
+            };
+            let operators = Operators::new(
+                store.clone(),
+                changelog.clone(),
+                config.kafka.group_id.clone(),
+                advertised,
+            );
+            let grouped = Arc::new(Grouped::new(
+                (store.clone(), changelog),
+                Arc::new(handoff),
+                resumes,
+                operators,
+            ));
             match (consumed, config.cluster.transactional_id.clone()) {
-                (Some(c), Some(id)) => Kind::Exactly(grouped, events, c, id),
-                _ => Kind::Logged(grouped, events),
+                (Some(c), Some(id)) => Kind::Exactly(grouped, movers, c, id),
+                _ => Kind::Logged(grouped, movers),
             }
         };
         Ok(Self {
@@ -213,7 +241,7 @@ impl Prepared {
             Kind::Logged(g, _) | Kind::Exactly(g, ..) => Some(format!(
                 "{}{}",
                 changelog::owners::CLIENT_ID_PREFIX,
-                g.handoff().advertised()
+                g.advertised()
             )),
         }
     }
@@ -270,28 +298,28 @@ impl Prepared {
             Kind::Local(l) => Durability {
                 ingest: l.clone(),
                 delivery: l,
-                handoff: None,
+                grouped: None,
                 tasks: Vec::new(),
             },
-            Kind::Logged(g, events) => {
+            Kind::Logged(g, movers) => {
                 let logged = Arc::new(Logged::new(g.clone()));
                 Durability {
                     ingest: logged.clone(),
                     delivery: logged,
-                    handoff: Some(g.handoff().clone()),
-                    tasks: handoff_tasks(g.handoff(), events, &cx, &config),
+                    grouped: Some(g),
+                    tasks: movers.start(&cx, &config),
                 }
             }
-            Kind::Exactly(g, events, consumed, id) => {
+            Kind::Exactly(g, movers, consumed, id) => {
                 let (exactly, task) =
                     exactly::start(&config, &id, &store, (g.clone(), consumed), &cx, &metrics)
                         .await?;
                 let mut tasks = vec![("transactions", task)];
-                tasks.extend(handoff_tasks(g.handoff(), events, &cx, &config));
+                tasks.extend(movers.start(&cx, &config));
                 Durability {
                     ingest: exactly.clone(),
                     delivery: exactly,
-                    handoff: Some(g.handoff().clone()),
+                    grouped: Some(g),
                     tasks,
                 }
             }
@@ -301,36 +329,29 @@ impl Prepared {
     }
 }
 
-/// With a changelog: the tasks that restore assigned partitions and keep standby copies warm.
-fn handoff_tasks(
-    h: &Arc<Handoff>,
-    events: Events,
-    cx: &Context,
-    config: &Config,
-) -> Vec<(&'static str, JoinHandle<()>)> {
-    let horizon = millis(config.wheel.horizon);
-    let run = h.clone().run(
-        events,
-        cx.consumer.clone(),
-        cx.inserts.clone(),
-        (horizon, cx.clock.clone()),
-        cx.stop.clone(),
-    );
-    vec![
-        ("restore", tokio::spawn(run)),
-        (
-            "standby",
-            tokio::spawn(h.clone().run_standbys(cx.stop.clone())),
-        ),
-    ]
+impl Movers {
+    /// The tasks that restore assigned partitions and keep standby copies warm.
+    fn start(self, cx: &Context, config: &Config) -> Vec<(&'static str, JoinHandle<()>)> {
+        let horizon = millis(config.wheel.horizon);
+        let restore = self.takeover.run(
+            cx.consumer.clone(),
+            cx.inserts.clone(),
+            (horizon, cx.clock.clone()),
+            cx.stop.clone(),
+        );
+        vec![
+            ("restore", tokio::spawn(restore)),
+            ("standby", tokio::spawn(self.standbys.run(cx.stop.clone()))),
+        ]
+    }
 }
 
 impl Durability {
     /// The broker is stopping: from now on a revoke keeps the local state (the checkpoint
     /// makes the next start read only the changelog's tail).
     pub fn stopping(&self) {
-        if let Some(h) = &self.handoff {
-            h.stopping();
+        if let Some(g) = &self.grouped {
+            g.handoff().stopping();
         }
     }
 
@@ -340,13 +361,13 @@ impl Durability {
         let Durability {
             ingest,
             delivery,
-            handoff,
+            grouped,
             tasks,
         } = self;
         // The transaction loop ends once no one can hand it work.
         drop((ingest, delivery));
-        if let Some(h) = handoff {
-            let flushed = tokio::task::spawn_blocking(move || h.changelog().flush(wait)).await;
+        if let Some(g) = grouped {
+            let flushed = tokio::task::spawn_blocking(move || g.changelog().flush(wait)).await;
             info!(result = ?flushed.map(|r| r.map_err(|e| e.to_string())), "changelog flushed");
         }
         for (name, task) in tasks {

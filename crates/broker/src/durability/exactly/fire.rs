@@ -95,7 +95,7 @@ impl Exactly {
     /// group's offsets of their source partitions (what ingest committed, at least past each
     /// record); after the commit, their delete here.
     fn work(&self, p: &Publisher, sents: &[Arc<Sent>], first: impl Fn(&Sent) -> Out) -> Work {
-        let changelog = self.grouped.handoff().changelog();
+        let changelog = self.grouped.changelog();
         let mut work = Work::default();
         let mut parts: HashMap<Pid, (String, i32, i64)> = HashMap::new();
         for s in sents {

@@ -26,7 +26,7 @@ impl Durable for Exactly {
     }
 
     fn resumed(&self) -> HashMap<Pid, i64> {
-        self.grouped.handoff().take_resumed()
+        self.grouped.take_resumed()
     }
 
     /// Nothing yet: the dead letters commit with the group.
@@ -64,7 +64,7 @@ impl Exactly {
             dead_letters,
             stopping,
         } = group;
-        let store = self.grouped.handoff().store();
+        let store = self.grouped.store();
         // Dead letters the topic refused as too large go again without their value.
         let mut valueless: HashSet<usize> = HashSet::new();
         let mut backoff = Backoff::standard();
@@ -121,7 +121,7 @@ impl Exactly {
         (dead, dead_letters): (&[DeadLetter], &DeadLetters),
         valueless: &HashSet<usize>,
     ) -> (Work, Vec<Pid>) {
-        let changelog = self.grouped.handoff().changelog();
+        let changelog = self.grouped.changelog();
         let mut by_pid = group_entries(ops, applied);
         let mut work = Work::default();
         let mut partitions = Vec::new();
@@ -145,7 +145,7 @@ impl Exactly {
     /// After the commit: each partition's checkpoint (the changelog offset after its last
     /// entry) and the source offset firing transactions commit for it.
     fn checkpoint(&self, last: &Last<'_>, changelog: &[Pid], written: &[i64]) {
-        let store = self.grouped.handoff().store();
+        let store = self.grouped.store();
         let mut next: HashMap<Pid, i64> = HashMap::new();
         for (pid, offset) in changelog.iter().zip(written) {
             let n = next.entry(*pid).or_insert(0);
