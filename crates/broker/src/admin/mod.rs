@@ -29,7 +29,6 @@ use serde_json::{json, Value};
 use tracing::info;
 
 use bulk::{bulk_cancel, bulk_fire, bulk_reschedule};
-pub(crate) use records::text;
 use records::{cancel, fire, list, owners, reschedule, show};
 
 use crate::changelog::owners::Owner;

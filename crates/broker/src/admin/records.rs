@@ -53,13 +53,6 @@ pub(super) fn summary(store: &Store, rid: RecordId, due_ms: u64, target: &str) -
     }
 }
 
-/// `bytes` as text when they are UTF-8, else null.
-pub(crate) fn text(bytes: Option<&[u8]>) -> Value {
-    bytes
-        .and_then(|b| std::str::from_utf8(b).ok())
-        .map_or(Value::Null, |s| Value::String(s.to_owned()))
-}
-
 pub(super) fn detail(store: &Store, rid: RecordId, rec: &StoredRecord) -> Record {
     let utf8 = |b: Option<&[u8]>| {
         b.and_then(|b| std::str::from_utf8(b).ok())
@@ -70,9 +63,7 @@ pub(super) fn detail(store: &Store, rid: RecordId, rec: &StoredRecord) -> Record
         delay_id: utf8(rec.id()),
         key: utf8(rec.key()),
         value: utf8(rec.value()),
-        value_hex: crate::admin::console::hex(rec.value())
-            .as_str()
-            .map(str::to_owned),
+        value_hex: crate::admin::console::hex(rec.value()),
         value_bytes: rec.value().map(<[u8]>::len),
         headers: rec
             .headers()

@@ -240,3 +240,121 @@ fn the_check_refuses_what_the_document_does_not_give() {
         "{wrong:?}"
     );
 }
+
+#[test]
+fn every_answer_of_the_console_api_is_the_shape_the_openapi_document_gives() {
+    use super::console::answers::{
+        DeadLetter, DeadLetterTopics, DeadLetters, DuePending, FiredRecords, Held, Instance,
+        Lateness, Overview, Partition, Replays, Started, TargetPending,
+    };
+    use super::console::dead_letters::Topic;
+    use super::console::minutes::Minute;
+    use super::console::replays::Job;
+    use crate::publish::history::Fired;
+
+    let overview = |lateness: Option<f64>| Overview {
+        now_ms: 1_700_000_000_000,
+        instance: Instance {
+            id: lateness.map(|_| "kd-0".to_owned()),
+            group: "kafka-delay".into(),
+            http: "10.0.0.1:9464".into(),
+            version: env!("CARGO_PKG_VERSION"),
+            owned_partitions: vec![Partition {
+                topic: "delay.orders".into(),
+                partition: 0,
+            }],
+        },
+        pending: 3,
+        by_target: vec![TargetPending {
+            target: "orders".into(),
+            pending: 3,
+        }],
+        by_due: crate::store::stats::BUCKETS
+            .iter()
+            .map(|bucket| DuePending { bucket, pending: 1 })
+            .collect(),
+        oldest_overdue_ms: 0,
+        held: vec![Held {
+            target: "orders".into(),
+            held: 2.0,
+        }],
+        per_minute: vec![Minute {
+            minute_ms: 1_699_999_980_000,
+            fired: 4,
+            dead_lettered: 1,
+        }],
+        fired_total: 4,
+        dead_lettered_total: 1,
+        lateness_ms: Lateness {
+            fire_p50: lateness,
+            fire_p99: lateness,
+            delivery_p50: lateness,
+            delivery_p99: lateness,
+        },
+    };
+    assert_fits("get", "/api/v1/overview", &value(&overview(None)));
+    assert_fits("get", "/api/v1/overview", &value(&overview(Some(5.0))));
+    let fired = FiredRecords {
+        records: vec![Fired {
+            id: 0x2a0,
+            target: "orders".into(),
+            key: None,
+            delay_id: Some("reminder-7".into()),
+            due_ms: 1_700_000_000_000,
+            fired_ms: 1_700_000_000_004,
+            acked_ms: 1_700_000_000_009,
+        }],
+        kept: crate::publish::history::CAPACITY,
+    };
+    assert_fits("get", "/api/v1/fired", &value(&fired));
+    let topics = DeadLetterTopics {
+        topics: vec![Topic {
+            name: "kafka-delay.dlt".into(),
+            partitions: 3,
+            records: 12,
+        }],
+    };
+    assert_fits("get", "/api/v1/dead-letters", &value(&topics));
+    let letter = DeadLetter {
+        topic: "kafka-delay.dlt".into(),
+        partition: 0,
+        offset: 11,
+        timestamp_ms: 1_700_000_000_000,
+        reason: Some("bad-due".into()),
+        detail: Some("delay-due is not a time".into()),
+        target: None,
+        key: Some("k".into()),
+        value: Some("{}".into()),
+        value_bytes: Some(2),
+        value_hex: Some("7b7d".into()),
+        headers: vec![HeaderText {
+            key: "delay-due".into(),
+            value: None,
+        }],
+    };
+    let letters = DeadLetters {
+        records: vec![letter],
+    };
+    assert_fits("get", "/api/v1/dead-letters/{topic}", &value(&letters));
+    let job = Job {
+        id: 1,
+        from: "kafka-delay.dlt".into(),
+        to: "orders".into(),
+        rate: Some(10.0),
+        filters: vec!["reason=bad-due".into()],
+        state: "running",
+        total: 12,
+        read: 4,
+        moved: 3,
+        skipped: 1,
+        failed: 0,
+        error: None,
+    };
+    let started = Started {
+        replay: job.clone(),
+    };
+    let path = "/api/v1/dead-letters/{topic}/replay";
+    assert_fits("post", path, &value(&started));
+    let replays = Replays { replays: vec![job] };
+    assert_fits("get", "/api/v1/replays", &value(&replays));
+}

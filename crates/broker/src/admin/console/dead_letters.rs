@@ -8,12 +8,13 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use super::answers::DeadLetter;
+use crate::admin::answers::HeaderText;
 use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 use regex::Regex;
 use serde::Serialize;
-use serde_json::{json, Value};
 
 use crate::config::KafkaProp;
 use crate::kafka::{client_config, headers_from};
@@ -117,7 +118,7 @@ impl Source {
         topic: &str,
         filters: &[Filter],
         limit: usize,
-    ) -> Result<Vec<Value>, String> {
+    ) -> Result<Vec<DeadLetter>, String> {
         if !self.is_dead_letter_topic(topic) {
             return Err(format!(
                 "'{topic}' is not a dead-letter topic (the broker's own or one a retry policy names)"
@@ -131,7 +132,7 @@ impl Source {
         let deadline = Instant::now() + READ_FOR;
         let mut last_record = Instant::now();
         // At most twice `limit` kept at a time: the newest `limit` are kept whenever it fills.
-        let mut found: Vec<(i64, Value)> = Vec::new();
+        let mut found: Vec<DeadLetter> = Vec::new();
         while !ends.is_empty() && Instant::now() < deadline && last_record.elapsed() < IDLE {
             let Some(msg) = c.poll(Duration::from_millis(200)) else {
                 continue;
@@ -152,7 +153,7 @@ impl Source {
             }
         }
         newest_first(&mut found, limit);
-        Ok(found.into_iter().map(|(_, v)| v).collect())
+        Ok(found)
     }
 }
 
@@ -184,43 +185,44 @@ fn assign_tail(c: &BaseConsumer, topic: &str) -> Result<HashMap<i32, i64>, Strin
     Ok(ends)
 }
 
-/// A dead letter as the console shows it, with its timestamp to order by.
-fn row(topic: &str, msg: &BorrowedMessage<'_>, headers: &[Header]) -> (i64, Value) {
+/// A dead letter as the console shows it.
+fn row(topic: &str, msg: &BorrowedMessage<'_>, headers: &[Header]) -> DeadLetter {
+    let text = |v: Option<&[u8]>| v.map(|v| String::from_utf8_lossy(v).into_owned());
     let header = |name: &str| {
         headers
             .iter()
             .find(|h| h.key == name)
-            .and_then(|h| h.value.as_deref())
-            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .and_then(|h| text(h.value.as_deref()))
     };
-    let timestamp = msg.timestamp().to_millis().unwrap_or(0);
     let payload = msg.payload();
-    let shown = payload.map(|v| &v[..v.len().min(VALUE_SHOWN)]);
-    (
-        timestamp,
-        json!({
-            "topic": topic,
-            "partition": msg.partition(),
-            "offset": msg.offset(),
-            "timestamp_ms": timestamp,
-            "reason": header(names::ERROR),
-            "detail": header(names::ERROR_DETAIL),
-            "target": header(names::TARGET),
-            "key": crate::admin::text(msg.key()),
-            "value": shown.map(|v| String::from_utf8_lossy(v).into_owned()),
-            "value_bytes": payload.map(<[u8]>::len),
-            "value_hex": super::hex(payload),
-            "headers": headers.iter().map(|h| json!({
-                "key": h.key,
-                "value": h.value.as_deref().map(|v| String::from_utf8_lossy(v).into_owned()),
-            })).collect::<Vec<_>>(),
-        }),
-    )
+    DeadLetter {
+        topic: topic.to_owned(),
+        partition: msg.partition(),
+        offset: msg.offset(),
+        timestamp_ms: msg.timestamp().to_millis().unwrap_or(0),
+        reason: header(names::ERROR),
+        detail: header(names::ERROR_DETAIL),
+        target: header(names::TARGET),
+        key: msg
+            .key()
+            .and_then(|k| std::str::from_utf8(k).ok())
+            .map(str::to_owned),
+        value: text(payload.map(|v| &v[..v.len().min(VALUE_SHOWN)])),
+        value_bytes: payload.map(<[u8]>::len),
+        value_hex: super::hex(payload),
+        headers: headers
+            .iter()
+            .map(|h| HeaderText {
+                key: h.key.clone(),
+                value: text(h.value.as_deref()),
+            })
+            .collect(),
+    }
 }
 
 /// Keeps the `limit` newest, newest first.
-fn newest_first(found: &mut Vec<(i64, Value)>, limit: usize) {
-    found.sort_by_key(|(t, _)| std::cmp::Reverse(*t));
+fn newest_first(found: &mut Vec<DeadLetter>, limit: usize) {
+    found.sort_by_key(|d| std::cmp::Reverse(d.timestamp_ms));
     found.truncate(limit);
 }
 

@@ -8,6 +8,7 @@
 //! and is served with a Content-Security-Policy that allows only its own script: a record whose
 //! key, value or headers hold markup is shown as text and runs nothing.
 
+pub mod answers;
 pub mod dead_letters;
 pub mod minutes;
 pub mod replays;
@@ -19,17 +20,21 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use prometheus::core::Collector;
 use serde::Deserialize;
-use serde_json::{json, Value};
 
 use std::sync::Arc;
 
 use tokio::sync::watch;
 
+use crate::admin::answers::value;
 use crate::admin::{bad, internal, Admin, ApiError, ApiResult};
 use crate::config::Config;
 use crate::metrics::Metrics;
 use crate::publish::history;
 use crate::replay::{Filter, Replay};
+use answers::{
+    DeadLetterTopics, DeadLetters, DuePending, FiredRecords, Held, Instance, Lateness, Overview,
+    Partition, Replays, Started, TargetPending,
+};
 use kafka_delay_core::clock::Clock;
 
 /// The page.
@@ -91,10 +96,10 @@ async fn asset(kind: &'static str, body: &'static str) -> impl IntoResponse {
 const HEX_BYTES: usize = 4_096;
 
 /// The first 4 KiB of `bytes` in hex, for values that are not text.
-pub(crate) fn hex(bytes: Option<&[u8]>) -> Value {
-    bytes.map_or(Value::Null, |b| {
+pub(crate) fn hex(bytes: Option<&[u8]>) -> Option<String> {
+    bytes.map(|b| {
         let shown = &b[..b.len().min(HEX_BYTES)];
-        Value::String(shown.iter().map(|x| format!("{x:02x}")).collect())
+        shown.iter().map(|x| format!("{x:02x}")).collect()
     })
 }
 
@@ -116,17 +121,37 @@ fn quantile_ms(histogram: &prometheus::Histogram, q: f64) -> Option<f64> {
     crate::metrics::bucket_quantile_ms(histogram, q)
 }
 
+/// The records fire limits hold back now, by target.
+fn held(metrics: &Metrics) -> Vec<Held> {
+    metrics
+        .fire
+        .held
+        .collect()
+        .iter()
+        .flat_map(|mf| mf.get_metric())
+        .filter(|m| m.get_gauge().get_value() > 0.0)
+        .map(|m| Held {
+            target: m
+                .get_label()
+                .first()
+                .map(|l| l.value().to_owned())
+                .unwrap_or_default(),
+            held: m.get_gauge().get_value(),
+        })
+        .collect()
+}
+
 async fn overview(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
     a.authorize(&headers)?;
     let now = a.clock.now_ms();
     let store = a.store.clone();
     let (snap, earliest, owned) = tokio::task::spawn_blocking(move || {
-        let owned: Vec<Value> = store
+        let owned: Vec<Partition> = store
             .next_offsets()
             .unwrap_or_default()
             .into_keys()
             .filter_map(|pid| store.partition_of(pid))
-            .map(|(topic, partition)| json!({"topic": topic, "partition": partition}))
+            .map(|(topic, partition)| Partition { topic, partition })
             .collect();
         (
             store.pending_stats(now),
@@ -138,54 +163,50 @@ async fn overview(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
     .map_err(internal)?;
     let mut by_target: Vec<(String, u64)> = snap.by_target.into_iter().collect();
     by_target.sort_by(|x, y| y.1.cmp(&x.1).then_with(|| x.0.cmp(&y.0)));
-    let by_due: Vec<Value> = crate::store::stats::BUCKETS
+    let by_due: Vec<DuePending> = crate::store::stats::BUCKETS
         .iter()
         .zip(snap.by_due)
-        .map(|(bucket, n)| json!({"bucket": bucket, "pending": n}))
+        .map(|(bucket, pending)| DuePending { bucket, pending })
         .collect();
-    let held: Vec<Value> = a
-        .metrics
-        .fire
-        .held
-        .collect()
-        .iter()
-        .flat_map(|mf| mf.get_metric())
-        .filter(|m| m.get_gauge().get_value() > 0.0)
-        .map(|m| {
-            let target = m.get_label().first().map(|l| l.value()).unwrap_or_default();
-            json!({"target": target, "held": m.get_gauge().get_value()})
-        })
-        .collect();
+    let held = held(&a.metrics);
     let c = &a.console;
     let (fired, dead) = (
         total(&a.metrics.fire.records),
         total(&a.metrics.operating.dead_lettered),
     );
     let minutes = c.minutes.per_minute(now, fired, dead);
-    Ok(Json(json!({
-        "now_ms": now,
-        "instance": {
-            "id": c.instance_id,
-            "group": c.group_id,
-            "http": headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or(&c.http_addr),
-            "version": env!("CARGO_PKG_VERSION"),
-            "owned_partitions": owned,
+    let http = headers
+        .get(header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or(&c.http_addr);
+    let answer = Overview {
+        now_ms: now,
+        instance: Instance {
+            id: c.instance_id.clone(),
+            group: c.group_id.clone(),
+            http: http.to_owned(),
+            version: env!("CARGO_PKG_VERSION"),
+            owned_partitions: owned,
         },
-        "pending": a.store.pending(),
-        "by_target": by_target.iter().map(|(t, n)| json!({"target": t, "pending": n})).collect::<Vec<_>>(),
-        "by_due": by_due,
-        "oldest_overdue_ms": earliest.map_or(0, |due| now.saturating_sub(due)),
-        "held": held,
-        "per_minute": minutes,
-        "fired_total": fired,
-        "dead_lettered_total": dead,
-        "lateness_ms": {
-            "fire_p50": quantile_ms(&a.metrics.fire.lateness, 0.5),
-            "fire_p99": quantile_ms(&a.metrics.fire.lateness, 0.99),
-            "delivery_p50": quantile_ms(&a.metrics.fire.delivery_lateness, 0.5),
-            "delivery_p99": quantile_ms(&a.metrics.fire.delivery_lateness, 0.99),
+        pending: a.store.pending(),
+        by_target: by_target
+            .into_iter()
+            .map(|(target, pending)| TargetPending { target, pending })
+            .collect(),
+        by_due,
+        oldest_overdue_ms: earliest.map_or(0, |due| now.saturating_sub(due)),
+        held,
+        per_minute: minutes,
+        fired_total: fired,
+        dead_lettered_total: dead,
+        lateness_ms: Lateness {
+            fire_p50: quantile_ms(&a.metrics.fire.lateness, 0.5),
+            fire_p99: quantile_ms(&a.metrics.fire.lateness, 0.99),
+            delivery_p50: quantile_ms(&a.metrics.fire.delivery_lateness, 0.5),
+            delivery_p99: quantile_ms(&a.metrics.fire.delivery_lateness, 0.99),
         },
-    })))
+    };
+    Ok(Json(value(&answer)))
 }
 
 /// Filters of the recently fired records.
@@ -211,9 +232,10 @@ async fn fired(
                 .is_none_or(|d| r.delay_id.as_deref() == Some(d))
             && f.key.as_deref().is_none_or(|k| r.key.as_deref() == Some(k))
     });
-    Ok(Json(
-        json!({ "records": records, "kept": history::CAPACITY }),
-    ))
+    Ok(Json(value(&FiredRecords {
+        records,
+        kept: history::CAPACITY,
+    })))
 }
 
 async fn dead_letter_topics(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
@@ -223,7 +245,7 @@ async fn dead_letter_topics(State(a): State<Admin>, headers: HeaderMap) -> ApiRe
         .await
         .map_err(internal)?
         .map_err(|e| ApiError(StatusCode::BAD_GATEWAY, e))?;
-    Ok(Json(json!({ "topics": topics })))
+    Ok(Json(value(&DeadLetterTopics { topics })))
 }
 
 /// Filters of a dead-letter listing: those of `kafka-delay replay`'s `--filter`.
@@ -277,7 +299,7 @@ async fn dead_letter_records(
         .await
         .map_err(internal)?
         .map_err(|e| ApiError(StatusCode::NOT_FOUND, e))?;
-    Ok(Json(json!({ "records": records })))
+    Ok(Json(value(&DeadLetters { records })))
 }
 
 /// A replay request: the destination, a rate, and the listing's filters.
@@ -321,13 +343,15 @@ async fn replay(
             },
             texts,
         );
-        Ok(Json(json!({ "replay": job })))
+        Ok(Json(value(&Started { replay: job })))
     })
 }
 
 async fn replays(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
     a.authorize(&headers)?;
-    Ok(Json(json!({ "replays": a.console.replays.list() })))
+    Ok(Json(value(&Replays {
+        replays: a.console.replays.list(),
+    })))
 }
 
 /// What the console's API needs besides the store.
