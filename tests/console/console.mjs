@@ -196,9 +196,12 @@ try {
     }, ids.find);
     check(refused.every((s) => s === 401), "without the token reading, firing and cancelling answer 401");
     // A wrong token is refused too.
+    // The prompt on the page now is marked: the one the refusal brings back is a new one (else
+    // the right token below races the wrong one's answer).
     await page.fill("#token", "wrong-token-wrong-token");
+    await page.evaluate(() => { document.getElementById("token-form").dataset.old = "1"; });
     await page.click("#token-form button[type=submit]");
-    await page.waitForSelector("#token-form");
+    await page.waitForSelector("#token-form:not([data-old])");
     passed("a wrong token brings the prompt back");
     await page.fill("#token", token);
     await page.click("#token-form button[type=submit]");
