@@ -1,9 +1,9 @@
 # kafka-delay: the two commands of the README.
 #   make demo   build, start the broker on an embedded Kafka, deliver a few delayed records
-#   make test   the whole test suite: unit, property, store, and the broker suites on the
-#               embedded mock cluster; then every suite that talks to a Kafka broker again,
-#               against Apache Kafka (scripts/kafka.sh: the version in kafka/pom.xml, from
-#               Maven Central, cached outside the clone)
+#   make test   the whole test suite, each suite once: unit, property and store tests, the
+#               fault tests only the embedded mock cluster can inject, and every suite that
+#               talks to a Kafka broker against Apache Kafka (scripts/kafka.sh: the version in
+#               kafka/pom.xml, from Maven Central, cached outside the clone)
 # Both install what they need first (Debian packages; Kafka's jars through Maven).
 
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/kafka-delay/target
@@ -66,17 +66,12 @@ lint: deps
 	python3 scripts/mode.py
 	bash scripts/layering.sh
 
-# Tests named apache_kafka_* need a real Kafka: they run in the second pass. Tests named
-# mock_cluster_* inject faults through the in-process mock cluster: they run in the first only.
-# (The criterion bench takes no --skip: it runs in a command of its own.)
+# Every suite once (scripts/test.sh): everything is built first, then four lanes run side by
+# side on one Apache Kafka: the tests that need no Kafka (with the mock cluster's fault tests,
+# mock_cluster_*), the exactly-once suite, the other suites of groups of instances, and the
+# other Kafka suites with the client helpers' tests. Each lane's log is printed when it ends.
 test: deps kafka python console
-	cargo test --workspace --features kafka-delay/failpoints --lib --bins --tests --examples -- --skip apache_kafka_
-	cargo test --workspace --features kafka-delay/failpoints --bench timers
-	cd clients/python && python3 -m pytest -q tests
-	cd clients/go && go test -count=1 ./...
-	cd clients/java && mvn -B -ntp install
-	cd clients/java-spring && mvn -B -ntp test
-	bash scripts/kafka.sh run bash scripts/test-external.sh
+	bash scripts/test.sh
 
 # The long fault runs of RELIABILITY.md: 100 kill -9 cycles, a 120 s Kafka outage, 1M records
 # of bad input, on the mock cluster and then on Apache Kafka (the mock takes 100,000 records of
