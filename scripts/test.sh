@@ -27,7 +27,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 
 FEATURES=(--features kafka-delay/failpoints)
-LANE_LIMIT="${KAFKA_DELAY_LANE_LIMIT:-45m}"
+LANE_LIMIT="${KAFKA_DELAY_LANE_LIMIT:-30m}"
 
 lane_unit() {
   unset KAFKA_DELAY_TEST_BROKERS # what uses Kafka here uses the mock cluster
