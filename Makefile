@@ -38,9 +38,10 @@ deps:
 kafka: deps
 	@bash scripts/kafka.sh fetch >/dev/null
 
-# The Python helper's test dependencies (pytest, confluent-kafka), from PyPI when missing.
+# The Python helper's test dependencies (pytest, setuptools and wheel, confluent-kafka), from PyPI
+# when missing.
 python: deps
-	@python3 -c 'import pytest, confluent_kafka' 2>/dev/null || \
+	@python3 -c 'import pytest, confluent_kafka, setuptools, wheel' 2>/dev/null || \
 	  python3 -m pip install --quiet --root-user-action=ignore -r clients/python/requirements-test.txt
 
 # The console's browser tests: playwright-core from the npm registry (it downloads no browser;

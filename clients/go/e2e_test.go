@@ -106,8 +106,11 @@ func TestE2EDelayedRecordAndRetryArriveWhenDue(t *testing.T) {
 	defer reader.Close()
 
 	sent := time.Now().UnixMilli()
-	rec := Delayed(delayTopic, target, []byte("hello"), Key([]byte("k1")), After(2*time.Second),
+	rec, err := Delayed(delayTopic, target, []byte("hello"), Key([]byte("k1")), After(2*time.Second),
 		WithHeader("trace-id", []byte("t-1")))
+	if err != nil {
+		t.Fatal(err)
+	}
 	if err := producer.ProduceSync(ctx, rec).FirstErr(); err != nil {
 		t.Fatal(err)
 	}

@@ -22,23 +22,30 @@ func (s *sender) ProduceSync(_ context.Context, rs ...*kgo.Record) kgo.ProduceRe
 }
 
 // readmeSnippet runs the README's Go snippet as written.
-func readmeSnippet(client *sender, ctx context.Context, user string, body []byte, rec *kgo.Record) {
+func readmeSnippet(client *sender, ctx context.Context, user string, body []byte, rec *kgo.Record) error {
 	// README go begin
 	// a reminder in 30 minutes, replaced by a later one with the same id
-	client.ProduceSync(ctx, kafkadelay.Delayed("delay.emails", "emails", body,
-		kafkadelay.Key([]byte(user)), kafkadelay.After(30*time.Minute), kafkadelay.ID("remind-"+user)))
+	reminder, err := kafkadelay.Delayed("delay.emails", "emails", body,
+		kafkadelay.Key([]byte(user)), kafkadelay.After(30*time.Minute), kafkadelay.ID("remind-"+user))
+	if err != nil {
+		return err // a mistake the broker would dead-letter, such as both After and Until
+	}
+	client.ProduceSync(ctx, reminder)
 	// in a consumer of `orders`: this record cannot be processed now, retry it in 30 s
 	if kafkadelay.Attempt(rec) < 5 {
 		client.ProduceSync(ctx, kafkadelay.Retry(rec, kafkadelay.RetryAfter(30*time.Second),
 			kafkadelay.Reason("inventory 503")))
 	}
 	// README go end
+	return nil
 }
 
 func Example() {
 	s := &sender{}
 	rec := &kgo.Record{Topic: "orders", Key: []byte("order-42"), Value: []byte(`{"id":42}`)}
-	readmeSnippet(s, context.Background(), "u-7", []byte("hi"), rec)
+	if err := readmeSnippet(s, context.Background(), "u-7", []byte("hi"), rec); err != nil {
+		fmt.Println(err)
+	}
 	for _, r := range s.sent {
 		fmt.Println(r.Topic, len(r.Headers))
 	}

@@ -1,6 +1,8 @@
 package kafkadelay
 
 import (
+	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"time"
@@ -8,69 +10,84 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 )
 
-// Option sets one property of a record built by Delayed or Retry.
-type Option func(*options)
+// DelayOption sets one property of a record built by Delayed.
+type DelayOption func(*delayOptions)
 
-type options struct {
-	key         []byte
+// RetryOption sets one property of a retry built by Retry. (The two option types are apart so
+// that an option of one cannot be given to the other: it would not compile.)
+type RetryOption func(*retryOptions)
+
+type delayOptions struct {
+	key     []byte
+	after   *time.Duration
+	until   *time.Time
+	id      string
+	headers []kgo.RecordHeader
+}
+
+type retryOptions struct {
 	after       *time.Duration
-	until       *time.Time
-	id          string
-	headers     []kgo.RecordHeader
-	retryTopic  string
+	topic       string
 	reason      string
 	maxAttempts int
 }
 
 // Key sets the record's key (kafka-delay publishes it unchanged; murmur2 picks the partition).
-func Key(k []byte) Option { return func(o *options) { o.key = k } }
+func Key(k []byte) DelayOption { return func(o *delayOptions) { o.key = k } }
 
 // After makes the record due d after its timestamp (delay-after, in milliseconds).
-func After(d time.Duration) Option { return func(o *options) { o.after = &d } }
+func After(d time.Duration) DelayOption { return func(o *delayOptions) { o.after = &d } }
 
 // Until makes the record due at t (delay-until, in epoch milliseconds).
-func Until(t time.Time) Option { return func(o *options) { o.until = &t } }
+func Until(t time.Time) DelayOption { return func(o *delayOptions) { o.until = &t } }
 
 // ID names the pending record: a later record with the same id replaces it, Cancel drops it.
-func ID(id string) Option { return func(o *options) { o.id = id } }
+func ID(id string) DelayOption { return func(o *delayOptions) { o.id = id } }
 
 // WithHeader adds a header of the application's (published with the record).
-func WithHeader(key string, value []byte) Option {
-	return func(o *options) { o.headers = append(o.headers, kgo.RecordHeader{Key: key, Value: value}) }
+func WithHeader(key string, value []byte) DelayOption {
+	return func(o *delayOptions) {
+		o.headers = append(o.headers, kgo.RecordHeader{Key: key, Value: value})
+	}
 }
+
+// RetryAfter makes a retry due d after it is sent (retry-after); without it the target's
+// backoff policy decides.
+func RetryAfter(d time.Duration) RetryOption { return func(o *retryOptions) { o.after = &d } }
 
 // RetryTopic sets the topic a retry is sent to (default delay.retry).
-func RetryTopic(topic string) Option { return func(o *options) { o.retryTopic = topic } }
+func RetryTopic(topic string) RetryOption { return func(o *retryOptions) { o.topic = topic } }
 
 // Reason says why the record failed (retry-reason; carried back and onto the dead letter).
-func Reason(reason string) Option { return func(o *options) { o.reason = reason } }
+func Reason(reason string) RetryOption { return func(o *retryOptions) { o.reason = reason } }
 
 // MaxAttempts lowers the target's maximum number of retries for this record.
-func MaxAttempts(n int) Option { return func(o *options) { o.maxAttempts = n } }
-
-func apply(opts []Option) options {
-	o := options{retryTopic: "delay.retry"}
-	for _, f := range opts {
-		f(&o)
-	}
-	return o
-}
+func MaxAttempts(n int) RetryOption { return func(o *retryOptions) { o.maxAttempts = n } }
 
 func hdr(k, v string) kgo.RecordHeader { return kgo.RecordHeader{Key: k, Value: []byte(v)} }
 
 // Delayed is a record for the delay topic topic that kafka-delay publishes to target when due:
 // After its timestamp or Until a time (one of them, or neither on a fixed-delay topic such as
-// delay.30s). It panics on an application header in the broker's namespace or on both After
-// and Until, mistakes of the code that calls it.
-func Delayed(topic, target string, value []byte, opts ...Option) *kgo.Record {
-	o := apply(opts)
-	if o.after != nil && o.until != nil {
-		panic("kafkadelay.Delayed: After and Until both given")
+// delay.30s). It refuses, with an error saying what to change, what kafka-delay would send to
+// its dead-letter topic: no target, both After and Until, a negative After, or an application
+// header in the broker's namespace (delay-*, scheduler-*).
+func Delayed(topic, target string, value []byte, opts ...DelayOption) (*kgo.Record, error) {
+	var o delayOptions
+	for _, f := range opts {
+		f(&o)
+	}
+	switch {
+	case target == "":
+		return nil, errors.New("kafkadelay.Delayed: no target topic")
+	case o.after != nil && o.until != nil:
+		return nil, errors.New("kafkadelay.Delayed: give After or Until, not both")
+	case o.after != nil && *o.after < 0:
+		return nil, fmt.Errorf("kafkadelay.Delayed: After(%v) is negative", *o.after)
 	}
 	headers := []kgo.RecordHeader{}
 	for _, h := range o.headers {
 		if strings.HasPrefix(h.Key, "delay-") || strings.HasPrefix(h.Key, "scheduler-") {
-			panic("kafkadelay.Delayed: header " + h.Key + " belongs to kafka-delay")
+			return nil, fmt.Errorf("kafkadelay.Delayed: header %s belongs to kafka-delay", h.Key)
 		}
 		headers = append(headers, h)
 	}
@@ -84,7 +101,7 @@ func Delayed(topic, target string, value []byte, opts ...Option) *kgo.Record {
 	if o.id != "" {
 		headers = append(headers, hdr(HeaderID, o.id))
 	}
-	return &kgo.Record{Topic: topic, Key: o.key, Value: value, Headers: headers}
+	return &kgo.Record{Topic: topic, Key: o.key, Value: value, Headers: headers}, nil
 }
 
 // Cancel drops the pending record named id. Ids are scoped to the source partition: send it
@@ -109,8 +126,11 @@ func Attempt(rec *kgo.Record) int {
 // Retry is the consumed record rec sent back through kafka-delay's retry topic: it returns
 // to the topic it came from after the target's backoff, or after d with RetryAfter, counted
 // in retry-attempt, with its key, value and headers (the broker's own are left behind).
-func Retry(rec *kgo.Record, opts ...Option) *kgo.Record {
-	o := apply(opts)
+func Retry(rec *kgo.Record, opts ...RetryOption) *kgo.Record {
+	o := retryOptions{topic: "delay.retry"}
+	for _, f := range opts {
+		f(&o)
+	}
 	headers := []kgo.RecordHeader{}
 	for _, h := range rec.Headers {
 		drop := strings.HasPrefix(h.Key, "delay-") || h.Key == HeaderRetryAfter ||
@@ -130,8 +150,5 @@ func Retry(rec *kgo.Record, opts ...Option) *kgo.Record {
 	if o.maxAttempts > 0 {
 		headers = append(headers, hdr(HeaderRetryMaxAttempts, strconv.Itoa(o.maxAttempts)))
 	}
-	return &kgo.Record{Topic: o.retryTopic, Key: rec.Key, Value: rec.Value, Headers: headers}
+	return &kgo.Record{Topic: o.topic, Key: rec.Key, Value: rec.Value, Headers: headers}
 }
-
-// RetryAfter makes a retry due d after it is sent (retry-after).
-func RetryAfter(d time.Duration) Option { return After(d) }

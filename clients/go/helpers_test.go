@@ -1,6 +1,7 @@
 package kafkadelay
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -23,8 +24,18 @@ func read(t *testing.T, r *kgo.Record) Outcome {
 	return out
 }
 
+// delayed is Delayed's record, failing the test on an error.
+func delayed(t *testing.T, topic, target string, value []byte, opts ...DelayOption) *kgo.Record {
+	t.Helper()
+	rec, err := Delayed(topic, target, value, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rec
+}
+
 func TestDelayedCancelAndRetryReadAsIntended(t *testing.T) {
-	out := read(t, Delayed("delay.orders", "orders", []byte("v"), Key([]byte("k")), After(30*time.Second), ID("job-1"),
+	out := read(t, delayed(t, "delay.orders", "orders", []byte("v"), Key([]byte("k")), After(30*time.Second), ID("job-1"),
 		WithHeader("trace-id", []byte("t-1"))))
 	if out.Kind != "schedule" || out.Target != "orders" || out.DueMs != uint64(sent)+30_000 || string(out.ID) != "job-1" {
 		t.Fatalf("%+v", out)
@@ -33,7 +44,7 @@ func TestDelayedCancelAndRetryReadAsIntended(t *testing.T) {
 		t.Fatalf("user headers %+v", out.Headers)
 	}
 	until := time.UnixMilli(int64(now) + 60_000)
-	if out := read(t, Delayed("delay.orders", "orders", []byte("v"), Until(until))); out.DueMs != now+60_000 {
+	if out := read(t, delayed(t, "delay.orders", "orders", []byte("v"), Until(until))); out.DueMs != now+60_000 {
 		t.Fatalf("until: %+v", out)
 	}
 	if out := read(t, Cancel("delay.orders", "job-1", []byte("k"))); out.Kind != "cancel" || string(out.ID) != "job-1" {
@@ -57,5 +68,23 @@ func TestDelayedCancelAndRetryReadAsIntended(t *testing.T) {
 	}
 	if out := read(t, Retry(again, MaxAttempts(1))); out.Kind != "exhausted" || out.DeadLetter != "orders.dlt" {
 		t.Fatalf("exhausted: %+v", out)
+	}
+}
+
+func TestDelayedRefusesWhatTheBrokerWouldDeadLetterWithAnError(t *testing.T) {
+	cases := map[string][]DelayOption{
+		"give After or Until, not both":  {After(time.Second), Until(time.Now())},
+		"is negative":                    {After(-time.Second)},
+		"header delay-target belongs to": {WithHeader("delay-target", []byte("x"))},
+		"header scheduler-epoch belongs": {WithHeader("scheduler-epoch", []byte("1"))},
+	}
+	for want, opts := range cases {
+		rec, err := Delayed("delay.orders", "orders", []byte("v"), opts...)
+		if err == nil || !strings.Contains(err.Error(), want) || rec != nil {
+			t.Errorf("%s: got %v, %v", want, rec, err)
+		}
+	}
+	if _, err := Delayed("delay.orders", "", []byte("v")); err == nil || !strings.Contains(err.Error(), "no target") {
+		t.Errorf("no target: %v", err)
 	}
 }

@@ -9,7 +9,9 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 
 from . import contract as c
 
-Duration = Union[int, dt.timedelta, str]
+# A delay: seconds (an int or a float, as time.sleep takes them), a timedelta, or a duration
+# string such as "30s" or "500ms". The same in `delayed` and in `retry`.
+Duration = Union[int, float, dt.timedelta, str]
 Instant = Union[int, dt.datetime]
 Bytes = Union[bytes, str, None]
 
@@ -18,18 +20,23 @@ def _bytes(v: Bytes) -> Optional[bytes]:
     return v.encode() if isinstance(v, str) else v
 
 
-def _duration(d: Duration) -> str:
-    """Milliseconds (int), a timedelta, or a duration string like '30s' (checked here)."""
+def _ms(d: Duration) -> Union[int, str]:
+    """Whole milliseconds of a number of seconds or a timedelta; a duration string checked and
+    kept as written."""
+    if isinstance(d, bool):
+        raise TypeError(f"a delay is seconds, a timedelta or a duration string, not {d!r}")
     if isinstance(d, dt.timedelta):
         ms = d // dt.timedelta(milliseconds=1)
-    elif isinstance(d, int):
-        ms = d
-    else:
+    elif isinstance(d, (int, float)):
+        ms = round(d * 1000)
+    elif isinstance(d, str):
         c.parse_duration_ms(d)
         return d
+    else:
+        raise TypeError(f"a delay is seconds, a timedelta or a duration string, not {d!r}")
     if ms < 0:
         raise ValueError(f"a delay cannot be negative: {d!r}")
-    return str(ms)
+    return ms
 
 
 def _instant(t: Instant) -> str:
@@ -53,8 +60,8 @@ def delayed(
     headers: Optional[List[Tuple[str, Bytes]]] = None,
 ) -> Dict[str, Any]:
     """A record for the delay topic `topic` that kafka-delay publishes to `target` when due:
-    `after` the record's timestamp, or `until` a time (give one, or neither on a fixed-delay
-    topic such as `delay.30s`). `id` names it, so that a later record with the same id replaces
+    `after` the record's timestamp (seconds, a timedelta, or a duration string such as '30m'),
+    or `until` a time (give one, or neither on a fixed-delay topic such as `delay.30s`). `id` names it, so that a later record with the same id replaces
     it and `cancel` drops it."""
     if after is not None and until is not None:
         raise ValueError("give after or until, not both")
@@ -64,7 +71,7 @@ def delayed(
             raise ValueError(f"header {k} belongs to kafka-delay")
     hs.append((c.TARGET, target.encode()))
     if after is not None:
-        hs.append((c.AFTER, _duration(after).encode()))
+        hs.append((c.AFTER, str(_ms(after)).encode()))
     if until is not None:
         hs.append((c.UNTIL, _instant(until).encode()))
     if id is not None:
@@ -87,20 +94,19 @@ def retry(
     msg: Any,
     *,
     topic: str = "delay.retry",
-    after: Optional[Union[int, dt.timedelta, str]] = None,
+    after: Optional[Duration] = None,
     reason: Optional[str] = None,
     max_attempts: Optional[int] = None,
 ) -> Dict[str, Any]:
     """The consumed message `msg` sent back through kafka-delay's retry topic: it returns to
-    the topic it came from `after` (whole seconds, a timedelta, or a duration string such as
-    '500ms'; by default the target's backoff policy decides), counted in `retry-attempt`, with
+    the topic it came from `after` (seconds, a timedelta, or a duration string such as '500ms',
+    as in `delayed`; by default the target's backoff policy decides), counted in `retry-attempt`, with
     its key, value and headers. The broker's headers it carried are left behind."""
     hs = [(k, v) for k, v in (msg.headers() or []) if not k.startswith("delay-") and k != c.RETRY_AFTER]
     hs.append((c.TARGET, msg.topic().encode()))
     if after is not None:
-        if isinstance(after, dt.timedelta):
-            after = f"{after // dt.timedelta(milliseconds=1)}ms"
-        hs.append((c.RETRY_AFTER, str(after).encode()))
+        ms = _ms(after)
+        hs.append((c.RETRY_AFTER, (ms if isinstance(ms, str) else f"{ms}ms").encode()))
     if reason is not None:
         hs = [(k, v) for k, v in hs if k != c.RETRY_REASON] + [(c.RETRY_REASON, reason.encode())]
     if max_attempts is not None:

@@ -40,7 +40,8 @@ def test_delayed_after_until_and_id():
     out = read(delayed("delay.orders", "orders", "v", key="k", after="30s", id="job-1"))
     assert (out.kind, out.target, out.due_ms, out.id) == ("schedule", "orders", SENT + 30_000, b"job-1")
     assert read(delayed("delay.orders", "orders", b"v", after=dt.timedelta(seconds=2))).due_ms == SENT + 2_000
-    assert read(delayed("delay.orders", "orders", b"v", after=250)).due_ms == SENT + 250
+    assert read(delayed("delay.orders", "orders", b"v", after=0.25)).due_ms == SENT + 250
+    assert read(delayed("delay.orders", "orders", b"v", after=2)).due_ms == SENT + 2_000
     until = dt.datetime(2025, 11, 21, 4, 41, tzinfo=dt.timezone.utc)
     assert read(delayed("delay.orders", "orders", b"v", until=until)).due_ms == NOW + 60_000
     assert read(delayed("delay.30s", "orders", b"v")).due_ms == SENT + 30_000
@@ -77,3 +78,13 @@ def test_retry_counts_and_copies_headers():
     assert attempt(back) == 1
     again = read(retry(back, after=dt.timedelta(milliseconds=500), max_attempts=1))
     assert (again.kind, again.dead_letter) == ("exhausted", "orders.dlt")
+
+
+def test_a_number_means_seconds_in_delayed_and_in_retry_alike():
+    consumed = Msg("orders", b"k", b"v", [])
+    for after, ms in [(30, 30_000), (1.5, 1_500), (dt.timedelta(minutes=1), 60_000), ("250ms", 250)]:
+        assert read(delayed("delay.orders", "orders", b"v", after=after)).due_ms == SENT + ms, after
+        assert read(retry(consumed, after=after)).due_ms == SENT + ms, after
+    for bad in (True, [30], -1, "soon"):
+        with pytest.raises((TypeError, ValueError)):
+            retry(consumed, after=bad)
