@@ -566,6 +566,46 @@ async fn fixed_delay_topics_and_new_topics_are_picked_up_while_running() {
     broker.shutdown().await;
 }
 
+/// A delay topic created while the broker is down is consumed once it is back. (With static
+/// membership the group hands a returning member its old assignment without a rebalance, so
+/// a topic its subscription matches now but did not before has no owner until one happens.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delay_topic_created_while_the_broker_is_down_is_consumed_after_its_restart() {
+    let Env {
+        kafka,
+        t,
+        data,
+        broker,
+    } = Env::start(1, &[]).await;
+    broker.shutdown().await;
+    let later = t.delay_topic("later");
+    kafka.create_topic(&later, 3).await;
+    let p = kafka.producer();
+    const N: usize = 30;
+    for i in 0..N {
+        let (key, value) = (format!("k{i}"), format!("later-{i}"));
+        produce(
+            &p,
+            &later,
+            Some(&key),
+            Some(&value),
+            &[("delay-target", &t.target), ("delay-after", "1s")],
+        )
+        .await;
+    }
+    let reader = reader(&kafka, &t.target, 1);
+    let broker = start(config(&kafka, &t, &data, &[])).await;
+    let got = collect(&reader, N, Duration::from_secs(45)).await;
+    let values: std::collections::HashSet<String> = got.iter().filter_map(Got::value).collect();
+    assert_eq!(
+        values.len(),
+        N,
+        "the topic created while the broker was down: {} of {N} fired",
+        values.len()
+    );
+    broker.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unknown_target_is_dead_lettered_after_bounded_retries_and_others_keep_firing() {
     let Env {

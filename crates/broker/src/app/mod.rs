@@ -477,6 +477,7 @@ async fn start_ingest(
         }
     }
     ingest::subscribe(config, &consumer)?;
+    let coverage = ingest::coverage::watch(config, &consumer, &stop);
     let ingest = Ingest {
         consumer,
         durability,
@@ -495,5 +496,5 @@ async fn start_ingest(
         dead_letter_topics: ingest::TopicCreator::new(Arc::new(config.clone()), producer),
         stopping: None,
     };
-    Ok(tokio::spawn(ingest.run(stop)))
+    Ok(tokio::spawn(coverage.alongside(ingest.run(stop))))
 }

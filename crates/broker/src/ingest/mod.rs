@@ -19,6 +19,7 @@
 
 mod consumer;
 mod context;
+pub mod coverage;
 mod topics;
 
 use std::collections::HashMap;
