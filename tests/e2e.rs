@@ -571,12 +571,24 @@ async fn fixed_delay_topics_and_new_topics_are_picked_up_while_running() {
 /// a topic its subscription matches now but did not before has no owner until one happens.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_delay_topic_created_while_the_broker_is_down_is_consumed_after_its_restart() {
+    topic_created_while_down(&[]).await;
+}
+
+/// The same with the changelog, whose partitions move through the handoff (cooperative
+/// rebalancing): the second subscription revokes and restores them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_delay_topic_created_while_a_changelog_broker_is_down_is_consumed_after_its_restart(
+) {
+    topic_created_while_down(&["--changelog", "--changelog-replication", "1"]).await;
+}
+
+async fn topic_created_while_down(flags: &[&str]) {
     let Env {
         kafka,
         t,
         data,
         broker,
-    } = Env::start(1, &[]).await;
+    } = Env::start(1, flags).await;
     broker.shutdown().await;
     let later = t.delay_topic("later");
     kafka.create_topic(&later, 3).await;
@@ -594,7 +606,7 @@ async fn a_delay_topic_created_while_the_broker_is_down_is_consumed_after_its_re
         .await;
     }
     let reader = reader(&kafka, &t.target, 1);
-    let broker = start(config(&kafka, &t, &data, &[])).await;
+    let broker = start(config(&kafka, &t, &data, flags)).await;
     let got = collect(&reader, N, Duration::from_secs(45)).await;
     let values: std::collections::HashSet<String> = got.iter().filter_map(Got::value).collect();
     assert_eq!(
