@@ -137,6 +137,13 @@ pub struct Owners {
     pub owners: Vec<Owner>,
 }
 
+/// An error answer (any status but 2xx): what went wrong, in a sentence.
+#[derive(Debug, Clone, Serialize)]
+pub struct Problem {
+    /// The sentence.
+    pub error: String,
+}
+
 /// An answer as the JSON value handlers return (the logging of state changes prints it).
 pub(crate) fn value<T: Serialize>(answer: &T) -> Value {
     serde_json::to_value(answer).unwrap_or(Value::Null)

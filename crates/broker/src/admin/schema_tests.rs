@@ -5,8 +5,8 @@
 use serde_json::{json, Value};
 
 use super::answers::{
-    value, BulkResult, Cancelled, Elsewhere, HeaderText, Listing, Member, Moved, Owners, Record,
-    Source, Summary,
+    value, BulkResult, Cancelled, Elsewhere, HeaderText, Listing, Member, Moved, Owners, Problem,
+    Record, Source, Summary,
 };
 use crate::changelog::owners::Owner;
 
@@ -218,6 +218,20 @@ fn every_answer_of_the_admin_api_is_the_shape_the_openapi_document_gives() {
         }],
     };
     assert_fits("get", "/api/v1/owners", &value(&owners));
+    // Every error answer, whatever the route.
+    let doc = doc();
+    let problem = value(&Problem {
+        error: "no pending record 00010000000002a0".into(),
+    });
+    let mut wrong = Vec::new();
+    check(
+        &doc,
+        &json!({"$ref": "#/components/schemas/Error"}),
+        &problem,
+        "$",
+        &mut wrong,
+    );
+    assert!(wrong.is_empty(), "{wrong:?}");
 }
 
 #[test]

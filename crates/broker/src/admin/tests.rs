@@ -1,4 +1,5 @@
 use axum::http::HeaderMap;
+use serde_json::json;
 
 use super::guard::*;
 use super::records::*;
