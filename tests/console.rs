@@ -1,6 +1,7 @@
 //! The web console in a browser: `tests/console/console.mjs` (playwright-core driving Debian's
 //! Chromium) clicks through it against a broker on Apache Kafka, and this test checks on Kafka
-//! what the clicks did. Named `apache_kafka_*`: they need Apache Kafka (`make test` runs them there, in its `broker` lane).
+//! what the clicks did. Named `apache_kafka_*`: they need Apache Kafka (`make test` runs them
+//! there, in its `broker` lane).
 
 mod common;
 
