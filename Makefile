@@ -7,7 +7,7 @@
 # Both install what they need first (Debian packages; Kafka's jars through Maven).
 
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/kafka-delay/target
-DEBIAN_PACKAGES := build-essential pkg-config libclang-dev clang libssl-dev zlib1g-dev kcat curl python3 prometheus \
+DEBIAN_PACKAGES := build-essential pkg-config libclang-dev clang libssl-dev openssl zlib1g-dev kcat curl python3 prometheus \
 	openjdk-17-jdk-headless maven chromium
 
 .PHONY: demo test deps kafka python console build lint soak
@@ -67,10 +67,11 @@ lint: deps
 	python3 scripts/mode.py
 	bash scripts/layering.sh
 
-# Every suite once (scripts/test.sh): everything is built first, then four lanes run side by
-# side on one Apache Kafka: the tests that need no Kafka (with the mock cluster's fault tests,
-# mock_cluster_*), the exactly-once suite, the other suites of groups of instances, and the
-# other Kafka suites with the client helpers' tests. Each lane's log is printed when it ends.
+# Every suite once (scripts/test.sh): everything is built first, then six lanes run on one
+# Apache Kafka, three at a time: the exactly-once suite, then the fire limits' and the secured
+# cluster's, alone; the tests that need no Kafka (with the mock cluster's fault tests, mock_cluster_*) then the
+# compatibility suite on three releases; the other Kafka suites with the client helpers'
+# tests, then the suites of groups of instances. Each lane's log is printed when its track ends.
 test: deps kafka python console
 	bash scripts/test.sh
 

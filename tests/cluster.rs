@@ -8,8 +8,9 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::time::Duration;
 
+use common::browser::{browse, screenshots};
 use common::group::{
-    logs_tail, report, soak, spawn, spawn_with, stop_gracefully, verify, Instance,
+    logs_tail, report, soak, spawn, spawn_flags, spawn_with, stop_gracefully, verify, Instance,
 };
 use common::procs::wait_ready;
 use common::{collect, http_get, http_json, metric, now_ms, reader, Got, Kafka, Topics};
@@ -93,8 +94,14 @@ async fn wait_pending(instances: &[&Instance], n: u64, logs: &Path) {
 }
 
 /// Produces `r{i}` for i in 0..n, due at `due(i)`, to partition `i % partitions`, waiting for
-/// all acknowledgements at the end.
-async fn produce_due(kafka: &Kafka, t: &Topics, n: u64, partitions: u64, due: impl Fn(u64) -> u64) {
+/// all acknowledgements at the end; returns the due times, by `i`, for [`tally`].
+async fn produce_due(
+    kafka: &Kafka,
+    t: &Topics,
+    n: u64,
+    partitions: u64,
+    due: impl Fn(u64) -> u64,
+) -> Vec<u64> {
     let p = kafka.producer();
     let mut acks = Vec::new();
     for i in 0..n {
@@ -118,6 +125,7 @@ async fn produce_due(kafka: &Kafka, t: &Topics, n: u64, partitions: u64, due: im
     for a in acks {
         a.await.expect("delivery").expect("acknowledged");
     }
+    (0..n).map(due).collect()
 }
 
 /// What arrived: lost, duplicated and early records among `r0..r{n}`.
@@ -141,25 +149,43 @@ impl std::fmt::Debug for Tally {
     }
 }
 
-fn tally(got: &[Got], n: u64) -> Tally {
+/// The records `r{i}` arrived of `r0..r{n}`, and how many times each.
+fn arrived(got: &[Got], n: u64) -> HashMap<u64, u64> {
     let mut seen: HashMap<u64, u64> = HashMap::new();
-    let mut t = Tally::default();
     for g in got {
-        let Some(i) = g
+        let i = g
             .value()
-            .and_then(|v| v.strip_prefix('r').and_then(|s| s.parse().ok()))
-        else {
-            continue;
-        };
-        *seen.entry(i).or_default() += 1;
-        let due = g.num("delay-due-ms");
-        if g.num("delay-fired-ms") < due || g.received_ms < due {
-            t.early += 1;
+            .and_then(|v| v.strip_prefix('r').and_then(|s| s.parse().ok()));
+        if let Some(i) = i.filter(|i| *i < n) {
+            *seen.entry(i).or_default() += 1;
         }
     }
-    t.lost = (0..n).filter(|i| !seen.contains_key(i)).collect();
-    t.duplicates = seen.values().map(|c| c - 1).sum();
-    t
+    seen
+}
+
+/// Lost, duplicated and early records of the plan `dues` (record `r{i}` due at `dues[i]`):
+/// early by when a record reached the target (the target's append time: `topics` creates it
+/// with LogAppendTime), never by what kafka-delay's headers say.
+fn tally(got: &[Got], dues: &[u64]) -> Tally {
+    let n = dues.len() as u64;
+    let seen = arrived(got, n);
+    let early = got
+        .iter()
+        .filter_map(|g| {
+            let i: usize = g.value()?.strip_prefix('r')?.parse().ok()?;
+            let appended = match rdkafka::Message::timestamp(&g.msg) {
+                rdkafka::Timestamp::LogAppendTime(ms) => ms as u64,
+                _ => panic!("the target does not keep its append times"),
+            };
+            Some(appended < *dues.get(i)?)
+        })
+        .filter(|early| *early)
+        .count() as u64;
+    Tally {
+        lost: (0..n).filter(|i| !seen.contains_key(i)).collect(),
+        duplicates: seen.values().map(|c| c - 1).sum(),
+        early,
+    }
 }
 
 /// Reads the target until `n` distinct records arrived, then 3 s longer for duplicates.
@@ -184,7 +210,10 @@ async fn read_all_but(
     let r = reader(kafka, &t.target, partitions);
     let deadline = std::time::Instant::now() + within;
     let mut got = Vec::new();
-    let missing = |got: &[Got]| tally(got, n).lost.iter().any(|i| !cancelled.contains(i));
+    let missing = |got: &[Got]| {
+        let seen = arrived(got, n);
+        (0..n).any(|i| !seen.contains_key(&i) && !cancelled.contains(&i))
+    };
     while missing(&got) && std::time::Instant::now() < deadline {
         got.extend(
             collect(
@@ -202,21 +231,104 @@ async fn read_all_but(
 async fn topics(kafka: &Kafka, partitions: i32) -> Topics {
     let t = Topics::new();
     kafka.create_topic(&t.delay, partitions).await;
-    kafka.create_topic(&t.target, partitions).await;
+    kafka.create_target_topic(&t.target, partitions).await;
     kafka.create_topic(&t.dlt, 1).await;
     t
 }
 
+/// The mode an instance says it runs: in its metrics (`kafka_delay_mode{mode}`), and as the
+/// group sees it (`GET /api/v1/owners`, its own entry; "-" where it does not answer that).
+/// Ready comes before the instance has joined its group: its entry is waited for through
+/// "not yet" answers (503) and lists without it (30 s at most, then "absent").
+async fn mode_of(i: &Instance) -> (String, String) {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], i.port));
+    let (_, body) = http_get(addr, "/metrics").await;
+    let metric = body
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("kafka_delay_mode{mode=\"")?
+                .strip_suffix("\"} 1")
+        })
+        .unwrap_or("none")
+        .to_owned();
+    let this = format!("127.0.0.1:{}", i.port);
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let seen = loop {
+        let (status, owners) = http_json(addr, "GET", "/api/v1/owners", None, None).await;
+        if status == 409 {
+            break "-".to_owned();
+        }
+        let own = owners["owners"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .find(|o| o["http"] == this.as_str())
+            .map(|o| o["mode"].as_str().unwrap_or("null").to_owned())
+            .filter(|_| status == 200);
+        match own {
+            Some(mode) => break mode,
+            None if std::time::Instant::now() > deadline => break "absent".to_owned(),
+            None => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
+    };
+    (metric, seen)
+}
+
+/// Waits at most 30 s for `i` to exit and returns its exit code.
+fn exit_code(mut i: Instance, log: &std::path::Path) -> Option<i32> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while std::time::Instant::now() < deadline {
+        if let Ok(Some(status)) = i._proc.0.try_wait() {
+            return status.code();
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!(
+        "the instance did not exit within 30 s; its log:\n{}",
+        std::fs::read_to_string(log).unwrap_or_default()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_a_data_dir_wiped_after_kill_9_is_restored_from_the_changelog() {
+    let result = wiped_after_kill_9(&[]).await;
+    assert!(
+        result.lost.is_empty() && result.duplicates == 0 && result.early == 0,
+        "{result:?}"
+    );
+}
+
+/// The control of the test above: the same loss without the changelog loses every record
+/// (the test above would see it, and the changelog is what keeps them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_without_the_changelog_a_data_dir_wiped_after_kill_9_loses_its_records() {
+    let result = wiped_after_kill_9(&["--no-changelog"]).await;
+    assert_eq!(
+        (result.lost.len(), result.duplicates, result.early),
+        (300, 0, 0),
+        "{result:?}"
+    );
+}
+
+/// 300 records pending on one instance run with `flags`, which is then SIGKILLed and its data
+/// directory deleted before it starts again: what reached the target within 20 s after the
+/// last was due.
+async fn wiped_after_kill_9(flags: &[&str]) -> Tally {
     let kafka = Kafka::start();
     let t = topics(&kafka, 2).await;
     let (data, logs) = (TempDir::new().unwrap(), TempDir::new().unwrap());
-    let a = spawn(&kafka, &t, data.path(), logs.path(), "a");
+    let a = spawn_flags(&kafka, &t, (data.path(), logs.path()), "a", flags);
     wait_ready(a.port, Duration::from_secs(60)).await;
+    if flags.is_empty() {
+        // No flag: the default mode on a Kafka cluster is the changelog, and the member says so.
+        assert_eq!(
+            mode_of(&a).await,
+            ("changelog".to_owned(), "changelog".to_owned())
+        );
+    }
     const N: u64 = 300;
     let base = now_ms() + 12_000;
-    produce_due(&kafka, &t, N, 2, |i| base + i * 10).await;
+    let dues = produce_due(&kafka, &t, N, 2, |i| base + i * 10).await;
     wait_pending(&[&a], N, logs.path()).await;
     // Past the consumer's auto-commit interval: Kafka's committed offsets are past the 300, so
     // consuming the source again cannot bring them back.
@@ -226,12 +338,94 @@ async fn apache_kafka_a_data_dir_wiped_after_kill_9_is_restored_from_the_changel
     drop(a);
     std::fs::remove_dir_all(data.path()).unwrap();
     std::fs::create_dir(data.path()).unwrap();
-    let a = spawn(&kafka, &t, data.path(), logs.path(), "a");
+    let a = spawn_flags(&kafka, &t, (data.path(), logs.path()), "a", flags);
     wait_ready(a.port, Duration::from_secs(60)).await;
 
+    let last_due = base + (N - 1) * 10;
+    let wait = Duration::from_millis(last_due.saturating_sub(now_ms()) + 20_000);
+    let got = read_all(&kafka, &t, 2, N, wait).await;
+    let result = tally(&got, &dues);
+    eprintln!("wiped data dir {flags:?}: {result:?}");
+    if !result.lost.is_empty() && flags.is_empty() {
+        eprintln!("{}", logs_tail(logs.path()));
+    }
+    drop(a);
+    result
+}
+
+/// A consumer of the group `t`'s instances join, as member `instance`, holding on until
+/// the coordinator gave it partitions: the member that had the instance id is fenced, as
+/// librdkafka fences itself when it rejoins with a new member id after a session timed out
+/// (while the coordinator was down past `session.timeout.ms`, for example).
+async fn impostor(kafka: &Kafka, t: &Topics, instance: &str) {
+    use rdkafka::consumer::{Consumer, StreamConsumer};
+    let c: StreamConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka.brokers())
+        .set("group.id", format!("g-{}", t.id))
+        .set("group.instance.id", instance)
+        .set("partition.assignment.strategy", "cooperative-sticky")
+        .set("session.timeout.ms", "6000")
+        .set("enable.auto.commit", "false")
+        .create()
+        .expect("consumer");
+    c.subscribe(&[t.pattern.as_str()]).expect("subscribe");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while c.assignment().map(|a| a.count()).unwrap_or(0) == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the impostor got no partitions in 30 s"
+        );
+        let _ = tokio::time::timeout(Duration::from_millis(200), c.recv()).await;
+    }
+    // Closed without leaving: a static member's id stays with it until its session ends.
+}
+
+/// A member whose Kafka consumer is fenced, a fatal error after which librdkafka never uses
+/// it again, stops and starts again in place: it fires what it held and consumes what comes
+/// after, rather than staying up with nothing consuming (what it did before).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_fenced_member_starts_again_in_place_and_loses_nothing() {
+    let kafka = Kafka::start();
+    let t = topics(&kafka, 2).await;
+    let (data, logs) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+    let a = spawn_flags(&kafka, &t, (data.path(), logs.path()), "a", &[]);
+    wait_ready(a.port, Duration::from_secs(60)).await;
+    wait_shared(&[&a], 2, logs.path()).await;
+    const N: u64 = 200;
+    let base = now_ms() + 25_000;
+    let mut dues = produce_due(&kafka, &t, N / 2, 2, |i| base + i * 20).await;
+    wait_pending(&[&a], N / 2, logs.path()).await;
+
+    impostor(&kafka, &t, "a").await;
+    let log = logs.path().join("a.log");
+    wait_for("started again", logs.path(), async || {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        (!text.contains("starting this instance again")).then(|| "no restart".to_owned())
+    })
+    .await;
+    wait_ready(a.port, Duration::from_secs(60)).await;
+    // The second half, written after the restart, goes through the new consumer.
+    let p = kafka.producer();
+    for i in N / 2..N {
+        dues.push(now_ms() + 3_000);
+        let due = dues[i as usize].to_string();
+        common::produce_to(
+            &p,
+            &t.delay,
+            Some((i % 2) as i32),
+            Some(format!("k{i}").as_bytes()),
+            Some(format!("r{i}").as_bytes()),
+            &[
+                ("delay-target", t.target.as_str()),
+                ("delay-until", due.as_str()),
+            ],
+        )
+        .await;
+    }
+
     let got = read_all(&kafka, &t, 2, N, Duration::from_secs(60)).await;
-    let result = tally(&got, N);
-    eprintln!("wiped data dir: {result:?}");
+    let result = tally(&got, &dues);
+    eprintln!("fenced and started again in place: {result:?}");
     assert!(
         result.lost.is_empty() && result.duplicates == 0 && result.early == 0,
         "{result:?}\n{}",
@@ -254,7 +448,7 @@ async fn apache_kafka_a_killed_instances_partitions_move_to_the_others_with_thei
     wait_shared(&[&a, &b], PARTS as u64, logs.path()).await;
     const N: u64 = 400;
     let base = now_ms() + 25_000;
-    produce_due(&kafka, &t, N, PARTS as u64, |i| base + i * 10).await;
+    let dues = produce_due(&kafka, &t, N, PARTS as u64, |i| base + i * 10).await;
     wait_pending(&[&a, &b], N, logs.path()).await;
     let (held_a, held_b) = (pending(&a).await, pending(&b).await);
     // Any instance names every partition's owner and where its HTTP server is.
@@ -300,7 +494,7 @@ async fn apache_kafka_a_killed_instances_partitions_move_to_the_others_with_thei
     let takeover = killed.elapsed();
 
     let got = read_all(&kafka, &t, PARTS, N, Duration::from_secs(90)).await;
-    let result = tally(&got, N);
+    let result = tally(&got, &dues);
     eprintln!(
         "a killed holding {held_a} of {N}, b held {held_b}; every partition owned and all {N} \
          pending again {takeover:.1?} after the kill; after the handoff: {result:?}"
@@ -335,7 +529,7 @@ async fn apache_kafka_a_standby_takes_over_from_its_warm_copy_and_any_instance_a
     wait_shared(&[&a, &b], PARTS as u64, logs.path()).await;
     const N: u64 = 2_000;
     let base = now_ms() + 40_000;
-    produce_due(&kafka, &t, N, PARTS as u64, |i| base + i * 5).await;
+    let dues = produce_due(&kafka, &t, N, PARTS as u64, |i| base + i * 5).await;
     wait_pending(&[&a, &b], N, logs.path()).await;
     // Each keeps a warm copy of the other's partitions.
     let warm = |c: &[u64]| c.iter().sum::<u64>() == N;
@@ -348,6 +542,35 @@ async fn apache_kafka_a_standby_takes_over_from_its_warm_copy_and_any_instance_a
         logs.path(),
     )
     .await;
+
+    // The group's overview counts each record once: a copy is not pending where it is kept.
+    let (status, g) = get_json(&a, "/api/v1/group/overview").await;
+    assert_eq!((status, g["pending"].as_u64()), (200, Some(N)), "{g}");
+    let copies: u64 = g["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["overview"]["moving"]["standby_records"].as_u64())
+        .sum();
+    assert_eq!(copies, N, "{g}");
+    // And so do its counts by target and by due time.
+    let sum = |list: &str| -> u64 {
+        g[list]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["pending"].as_u64().unwrap())
+            .sum()
+    };
+    assert_eq!((sum("by_target"), sum("by_due")), (N, N), "{g}");
+    // Each member says it owns the partitions the coordinator gave it, not its copies.
+    for m in g["members"].as_array().unwrap() {
+        let said = m["overview"]["instance"]["owned_partitions"]
+            .as_array()
+            .unwrap()
+            .len();
+        assert_eq!(said, m["partitions"].as_array().unwrap().len(), "{m}");
+    }
 
     // A record of a's, asked of b by its ref: b sends the request on to a.
     let (status, page) = get_json(&a, "/api/v1/pending?limit=1").await;
@@ -424,7 +647,7 @@ async fn apache_kafka_a_standby_takes_over_from_its_warm_copy_and_any_instance_a
 
     let within = Duration::from_secs(90);
     let got = read_all_but(&kafka, &t, (PARTS, N), &[cancelled_i], within).await;
-    let result = tally(&got, N);
+    let result = tally(&got, &dues);
     eprintln!("after the takeover: {result:?}");
     assert_eq!(result.lost, vec![cancelled_i], "{result:?}");
     assert!(
@@ -522,6 +745,326 @@ async fn churn(more: &[&str]) {
     drop((live, d));
 }
 
+/// The group's overview from any instance: each member asked for its own, the sums equal to
+/// what the members' metrics say, and a member that does not answer named, not left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_any_instance_shows_the_whole_group_and_names_a_member_that_does_not_answer() {
+    let kafka = Kafka::start();
+    const PARTS: i32 = 6;
+    let t = topics(&kafka, PARTS).await;
+    let logs = TempDir::new().unwrap();
+    let dirs: Vec<TempDir> = (0..3).map(|_| TempDir::new().unwrap()).collect();
+    // Kafka's default session timeout (45 s): a member that hangs stays in the group for a
+    // while, which is when an operator needs to see it named.
+    let flags = ["--kafka-config", "session.timeout.ms=45000"];
+    let live: Vec<Instance> = ["a", "b", "c"]
+        .iter()
+        .zip(&dirs)
+        .map(|(name, d)| spawn_flags(&kafka, &t, (d.path(), logs.path()), name, &flags))
+        .collect();
+    for i in &live {
+        wait_ready(i.port, Duration::from_secs(60)).await;
+    }
+    let all: Vec<&Instance> = live.iter().collect();
+    wait_shared(&all, PARTS as u64, logs.path()).await;
+    const N: u64 = 600;
+    let due = now_ms() + 3_600_000;
+    // 31 due times a second apart, each shared by 19 or 20 records spread over every
+    // partition (31 and the 6 partitions have no common factor).
+    produce_due(&kafka, &t, N, PARTS as u64, |i| due + (i % 31) * 1_000).await;
+    wait_pending(&all, N, logs.path()).await;
+
+    let group = |i: &Instance| {
+        let addr = std::net::SocketAddr::from(([127, 0, 0, 1], i.port));
+        async move { http_json(addr, "GET", "/api/v1/group/overview", None, None).await }
+    };
+    let mut metrics = Vec::new();
+    for i in &live {
+        metrics.push(pending(i).await);
+    }
+    for asked in &live {
+        let (status, g) = group(asked).await;
+        assert_eq!(status, 200, "{g}");
+        let members = g["members"].as_array().unwrap();
+        assert_eq!(members.len(), 3, "{g}");
+        assert!(members.iter().all(|m| m["answered"] == true), "{g}");
+        assert_eq!(g["partial"], false);
+        // Each member's own count is its metric, and the total their sum.
+        for (i, m) in live.iter().zip(&metrics) {
+            let http = format!("127.0.0.1:{}", i.port);
+            let entry = members.iter().find(|e| e["http"] == http.as_str()).unwrap();
+            assert_eq!(entry["overview"]["pending"], *m, "{http}: {entry}");
+            assert_eq!(entry["mode"], "changelog");
+        }
+        assert_eq!(g["pending"], metrics.iter().sum::<u64>());
+        assert_eq!(g["pending"], N);
+        assert_eq!(g["by_target"][0]["target"], t.target.as_str());
+        assert_eq!(g["by_target"][0]["pending"], N);
+        let later = g["by_due"].as_array().unwrap().iter();
+        assert_eq!(
+            later.map(|d| d["pending"].as_u64().unwrap()).sum::<u64>(),
+            N
+        );
+    }
+
+    let cancelled = group_listing_and_bulk(&live, &t, due, N).await;
+    let left = N - cancelled;
+
+    // The console's overview is the group's.
+    let url = format!("http://127.0.0.1:{}", live[0].port);
+    let (shots, _tmp) = screenshots();
+    // The browser searches the records due in the 2nd and 3rd second (40), pages through all,
+    // and cancels those due in the 4th (20) from the first instance.
+    let asked = format!("127.0.0.1:{}", live[0].port);
+    let cancel_due = due + 3_000;
+    let ids = serde_json::json!({
+        "members": 3, "pending": left.to_string(), "asked": asked,
+        "search_from": (due + 1_000).to_string(), "search_to": (due + 2_000).to_string(),
+        "search_count": 40, "cancel_due": cancel_due.to_string(), "cancel_count": 20,
+    });
+    let seen = tokio::task::spawn_blocking({
+        let (url, shots) = (url.clone(), shots.clone());
+        move || browse("group", &url, &ids, None, &shots)
+    });
+    seen.await.unwrap();
+    let (after, _) = list_group(&live[1], "", 1_000).await;
+    assert_eq!(after.len() as u64, left - 20, "the browser's bulk cancel");
+    assert!(after.iter().all(|r| r["due_ms"] != cancel_due));
+
+    // c stops answering (SIGSTOP: still a member until its session ends).
+    live[2].signal("STOP");
+    let started = std::time::Instant::now();
+    let (status, g) = group(&live[0]).await;
+    let took = started.elapsed();
+    let c_http = format!("127.0.0.1:{}", live[2].port);
+    let rest = pending(&live[0]).await + pending(&live[1]).await;
+    let ids = serde_json::json!({"members": 3, "pending": rest.to_string(), "missing": c_http});
+    let seen =
+        tokio::task::spawn_blocking(move || browse("group-partial", &url, &ids, None, &shots));
+    let seen = seen.await;
+    let (listed, pages) = list_group(&live[0], "", 1_000).await;
+    live[2].signal("CONT");
+    seen.unwrap();
+    // The listing says which member's records it could not show.
+    let page = &pages[0];
+    assert_eq!(page["partial"], true, "{page}");
+    let silent = page["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["http"] == c_http.as_str())
+        .unwrap();
+    assert_eq!(silent["answered"], false, "{silent}");
+    assert!(listed.iter().all(|r| r["served_by"] != c_http.as_str()));
+    assert_eq!(listed.len() as u64, rest);
+    assert_eq!(status, 200, "{g}");
+    assert_eq!(g["partial"], true, "{g}");
+    let c = g["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|m| m["http"] == c_http.as_str())
+        .unwrap_or_else(|| panic!("c is not listed: {g}"));
+    assert_eq!(c["answered"], false, "{c}");
+    assert!(
+        c["error"].as_str().unwrap().contains(&c_http) && c["overview"].is_null(),
+        "{c}"
+    );
+    // The sums cover the members that answered, and say so.
+    let answered: u64 = g["members"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|m| m["overview"]["pending"].as_u64())
+        .sum();
+    assert_eq!(g["pending"], answered, "{g}");
+    assert!(answered < N && answered == rest, "{g}; a and b hold {rest}");
+    assert!(took < Duration::from_secs(15), "the answer took {took:?}");
+    drop(live);
+}
+
+/// Pages through `/api/v1/group/pending` from `from`, `limit` at a time: every record with
+/// the member that served it, and the pages' answers.
+async fn list_group(
+    from: &Instance,
+    query: &str,
+    limit: u64,
+) -> (Vec<serde_json::Value>, Vec<serde_json::Value>) {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], from.port));
+    let (mut records, mut pages) = (Vec::new(), Vec::new());
+    let mut cursor: Option<String> = None;
+    for _ in 0..1_000 {
+        let more = cursor
+            .as_ref()
+            .map(|c| format!("&cursor={c}"))
+            .unwrap_or_default();
+        let path = format!("/api/v1/group/pending?limit={limit}{query}{more}");
+        let (status, page) = http_json(addr, "GET", &path, None, None).await;
+        assert_eq!(status, 200, "{path}: {page}");
+        records.extend(page["records"].as_array().unwrap().iter().cloned());
+        cursor = page["next_cursor"].as_str().map(str::to_owned);
+        pages.push(page);
+        if cursor.is_none() {
+            break;
+        }
+    }
+    assert!(cursor.is_none(), "more than 1,000 pages");
+    (records, pages)
+}
+
+/// Any instance lists the whole group's records in due order, a page at a time, each once;
+/// finds one by key wherever it is; and cancels across the group with an outcome per member,
+/// a repeat changing nothing.
+async fn group_listing_and_bulk(live: &[Instance], t: &Topics, due: u64, n: u64) -> u64 {
+    let addresses: Vec<String> = live
+        .iter()
+        .map(|i| format!("127.0.0.1:{}", i.port))
+        .collect();
+    let (records, pages) = list_group(&live[1], "", 45).await;
+    let refs: std::collections::BTreeSet<&str> =
+        records.iter().map(|r| r["ref"].as_str().unwrap()).collect();
+    assert_eq!(
+        (records.len(), refs.len()),
+        (n as usize, n as usize),
+        "each record once"
+    );
+    let dues: Vec<u64> = records
+        .iter()
+        .map(|r| r["due_ms"].as_u64().unwrap())
+        .collect();
+    assert!(
+        dues.windows(2).all(|w| w[0] <= w[1]),
+        "not in due order: {dues:?}"
+    );
+    assert!(pages.len() >= (n / 45) as usize, "{} pages", pages.len());
+    // Every member is asked for the first page; later ones ask those with more to list.
+    assert_eq!(pages[0]["members"].as_array().unwrap().len(), 3);
+    assert!(pages.iter().all(|p| p["partial"] == false));
+    for a in &addresses {
+        let served = records
+            .iter()
+            .filter(|r| r["served_by"] == a.as_str())
+            .count();
+        assert!(served > 0, "{a} served none of the records");
+    }
+
+    // A search by key finds the one record, whichever instance holds it.
+    let (found, _) = list_group(&live[0], "&key=k17", 100).await;
+    assert_eq!(found.len(), 1, "{found:?}");
+    let k17 = records
+        .iter()
+        .find(|r| r["ref"] == found[0]["ref"])
+        .unwrap();
+    assert_eq!(found[0]["served_by"], k17["served_by"]);
+    assert_eq!(found[0]["due_ms"], due + 17 * 1_000);
+
+    // Cancel what is due first, across the group, from the third instance.
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], live[2].port));
+    let first = (0..n).filter(|i| i % 31 == 0).count() as u64;
+    let body = serde_json::json!({"target": t.target, "due_to": due.to_string()});
+    let (status, done) = http_json(
+        addr,
+        "POST",
+        "/api/v1/group/bulk/cancel",
+        Some(body.clone()),
+        None,
+    )
+    .await;
+    assert_eq!(status, 200, "{done}");
+    assert_eq!(
+        (done["matched"].as_u64(), done["changed"].as_u64()),
+        (Some(first), Some(first)),
+        "{done}"
+    );
+    assert_eq!(done["partial"], false);
+    let members = done["members"].as_array().unwrap();
+    assert_eq!(members.len(), 3, "{done}");
+    let each: u64 = members
+        .iter()
+        .map(|m| m["result"]["changed"].as_u64().unwrap())
+        .sum();
+    assert_eq!(each, first, "the members' own counts: {done}");
+    // Repeating it is safe: nothing is left to change.
+    let (status, again) =
+        http_json(addr, "POST", "/api/v1/group/bulk/cancel", Some(body), None).await;
+    assert_eq!(
+        (status, again["changed"].as_u64()),
+        (200, Some(0)),
+        "{again}"
+    );
+    let (left, _) = list_group(&live[0], "", 50).await;
+    assert_eq!(left.len() as u64, n - first);
+    assert!(left.iter().all(|r| r["due_ms"].as_u64().unwrap() > due));
+    // A filter no member could take is refused once, before any member is asked.
+    let (status, refused) = http_json(
+        addr,
+        "POST",
+        "/api/v1/group/bulk/cancel",
+        Some(serde_json::json!({"due_to": "soon"})),
+        None,
+    )
+    .await;
+    assert_eq!(status, 400, "{refused}");
+    first
+}
+
+/// A rolling restart and a resize as Kubernetes does them, under load, in the default mode: each
+/// of two instances in turn gets SIGTERM, exits, and comes back with its data directory (a
+/// StatefulSet's pod and its volume); then the group grows to four and shrinks back to two,
+/// the highest ordinals leaving first. Every handoff is clean, so nothing is lost, nothing is
+/// early, and nothing fires twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_rolling_restart_and_a_resize_fire_every_record_once_and_never_early() {
+    let kafka = Kafka::start();
+    const PARTS: i32 = 8;
+    let t = topics(&kafka, PARTS).await;
+    let logs = TempDir::new().unwrap();
+    let dirs: Vec<TempDir> = (0..4).map(|_| TempDir::new().unwrap()).collect();
+    let names = ["a", "b", "c", "d"];
+    let start = |k: usize| spawn_flags(&kafka, &t, (dirs[k].path(), logs.path()), names[k], &[]);
+    let mut live: Vec<Option<Instance>> = vec![Some(start(0)), Some(start(1)), None, None];
+    for i in live.iter().flatten() {
+        wait_ready(i.port, Duration::from_secs(60)).await;
+    }
+    // Records due from 8 s to 88 s on; the last change of membership is over well before the
+    // last of them, so that a record fired twice by a handoff shows in the report.
+    const N: u64 = 20_000;
+    let verify = verify(&kafka, &t, N, ("8s", "80s", "90s"));
+    let pause = || tokio::time::sleep(Duration::from_secs(8));
+
+    for (k, slot) in live.iter_mut().enumerate().take(2) {
+        pause().await;
+        stop_gracefully(slot.take().unwrap());
+        let i = start(k);
+        wait_ready(i.port, Duration::from_secs(60)).await;
+        *slot = Some(i);
+    }
+    pause().await;
+    for (k, slot) in live.iter_mut().enumerate().skip(2) {
+        let i = start(k);
+        wait_ready(i.port, Duration::from_secs(60)).await;
+        *slot = Some(i);
+    }
+    let four: Vec<&Instance> = live.iter().flatten().collect();
+    wait_shared(&four, PARTS as u64, logs.path()).await;
+    pause().await;
+    for k in [3, 2] {
+        stop_gracefully(live[k].take().unwrap());
+    }
+
+    let report = report(verify).await;
+    eprintln!(
+        "rolling restart of 2, grow to 4, shrink to 2: {N} records over 80 s; \
+         kafka-delay verify: {report}"
+    );
+    assert!(
+        report["lost"] == 0 && report["early"] == 0 && report["duplicates"] == 0,
+        "verify said {report}\n{}",
+        logs_tail(logs.path())
+    );
+    drop(live);
+}
+
 /// A changelog topic that cannot hold the pending state stops the start with a message that
 /// says what to fix: too few partitions, then a cleanup policy that deletes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -551,4 +1094,104 @@ async fn apache_kafka_a_misconfigured_changelog_stops_the_start_saying_what_to_f
         assert!(log.contains(says) && log.contains(&changelog), "{log}");
         std::fs::remove_file(logs.path().join("a.log")).unwrap();
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_data_dir_written_without_the_changelog_is_taken_into_it_at_the_first_start_with_it(
+) {
+    let kafka = Kafka::start();
+    let t = topics(&kafka, 2).await;
+    let (data, logs) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+    let dirs = (data.path(), logs.path());
+    let a = spawn_flags(&kafka, &t, dirs, "a", &["--no-changelog"]);
+    wait_ready(a.port, Duration::from_secs(60)).await;
+    assert_eq!(mode_of(&a).await, ("local".to_owned(), "-".to_owned()));
+    const N: u64 = 200;
+    let base = now_ms() + 20_000;
+    let dues = produce_due(&kafka, &t, N, 2, |i| base + i * 10).await;
+    wait_pending(&[&a], N, logs.path()).await;
+    // Past the auto-commit interval: consuming the source again cannot bring them back.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop_gracefully(a);
+
+    // The same instance and data directory, in the default mode: the records stay pending.
+    let a = spawn_flags(&kafka, &t, dirs, "a", &[]);
+    wait_ready(a.port, Duration::from_secs(60)).await;
+    assert_eq!(mode_of(&a).await.0, "changelog");
+    wait_pending(&[&a], N, logs.path()).await;
+    // And they are in the changelog: the disk lost with the process loses nothing.
+    drop(a);
+    std::fs::remove_dir_all(data.path()).unwrap();
+    std::fs::create_dir(data.path()).unwrap();
+    let a = spawn_flags(&kafka, &t, dirs, "a", &[]);
+    wait_ready(a.port, Duration::from_secs(60)).await;
+    let got = read_all(&kafka, &t, 2, N, Duration::from_secs(60)).await;
+    let result = tally(&got, &dues);
+    eprintln!("a --no-changelog data dir taken into the changelog, then lost: {result:?}");
+    assert!(
+        result.lost.is_empty() && result.duplicates == 0 && result.early == 0,
+        "{result:?}\n{}",
+        logs_tail(logs.path())
+    );
+    drop(a);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_second_member_without_the_changelog_or_of_another_mode_is_refused() {
+    let kafka = Kafka::start();
+    let t = topics(&kafka, 2).await;
+    let logs = TempDir::new().unwrap();
+    let dirs: Vec<TempDir> = (0..5).map(|_| TempDir::new().unwrap()).collect();
+    let at = |i: usize| (dirs[i].path(), logs.path());
+    let a = spawn_flags(&kafka, &t, at(0), "a", &["--no-changelog"]);
+    wait_ready(a.port, Duration::from_secs(60)).await;
+    // Ready comes before the group's assignment: a is a member once it was assigned its
+    // partitions (both: it is alone).
+    wait_for("a member with its partitions", logs.path(), async || {
+        let log = std::fs::read_to_string(logs.path().join("a.log")).unwrap_or_default();
+        (!log.contains("source partitions assigned partitions=2"))
+            .then(|| "no assignment".to_owned())
+    })
+    .await;
+    let a_id = format!("kafka-delay/local@127.0.0.1:{}", a.port);
+
+    // Beside an instance without the changelog, neither a second one nor one with it runs.
+    let b = spawn_flags(&kafka, &t, at(1), "b", &["--no-changelog"]);
+    let c = spawn_flags(&kafka, &t, at(2), "c", &[]);
+    let log = |name: &str| logs.path().join(format!("{name}.log"));
+    let (b, c) = (exit_code(b, &log("b")), exit_code(c, &log("c")));
+    let said =
+        |name: &str| std::fs::read_to_string(logs.path().join(format!("{name}.log"))).unwrap();
+    for (name, code, what) in [
+        ("b", b, "must be alone in its group"),
+        ("c", c, "runs the local mode"),
+    ] {
+        let log = said(name);
+        assert!(
+            code.is_some_and(|c| c != 0) && log.contains(&a_id) && log.contains(what),
+            "{name} exited {code:?}; its log:\n{log}"
+        );
+    }
+    // The first one goes on.
+    wait_ready(a.port, Duration::from_secs(5)).await;
+
+    // Members with the changelog run one mode: an exactly-once one is refused beside them.
+    stop_gracefully(a);
+    let d = spawn_flags(&kafka, &t, at(3), "d", &[]);
+    wait_ready(d.port, Duration::from_secs(60)).await;
+    let e = spawn_flags(&kafka, &t, at(4), "e", &["--exactly-once"]);
+    let code = exit_code(e, &log("e"));
+    let log = said("e");
+    let d_id = format!("kafka-delay/changelog@127.0.0.1:{}", d.port);
+    assert!(
+        code.is_some_and(|c| c != 0)
+            && log.contains(&d_id)
+            && log.contains("runs the changelog mode"),
+        "e exited {code:?}; its log:\n{log}"
+    );
+    assert_eq!(
+        mode_of(&d).await,
+        ("changelog".to_owned(), "changelog".to_owned())
+    );
+    drop(d);
 }

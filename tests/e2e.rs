@@ -88,16 +88,19 @@ async fn records_arrive_no_earlier_than_due_and_shortly_after() {
         lateness[lateness.len() / 2],
         lateness[lateness.len() - 1]
     );
-    let (status, body) = http_get(broker.http_addr(), "/metrics").await;
-    assert_eq!(status, 200);
-    assert!(
-        metric(
-            &body,
-            &format!("kafka_delay_fire_records_total{{target=\"{}\"}}", t.target)
-        )
-        .unwrap()
-            >= 20.0
-    );
+    // The counter follows each delivery report, which may come after the record is read.
+    let fired = format!("kafka_delay_fire_records_total{{target=\"{}\"}}", t.target);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let body = loop {
+        let (status, body) = http_get(broker.http_addr(), "/metrics").await;
+        assert_eq!(status, 200);
+        if metric(&body, &fired).is_some_and(|n| n >= 20.0) || std::time::Instant::now() > deadline
+        {
+            break body;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert!(metric(&body, &fired).unwrap() >= 20.0, "{fired}");
     assert_eq!(http_get(broker.http_addr(), "/readyz").await.0, 200);
     assert_eq!(http_get(broker.http_addr(), "/healthz").await.0, 200);
     broker.shutdown().await;
@@ -664,5 +667,51 @@ async fn an_unknown_target_is_dead_lettered_after_bounded_retries_and_others_kee
         Some(missing.as_str())
     );
     assert_eq!(dead[0].value().as_deref(), Some("to nowhere"));
+    broker.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_keeps_a_sources_records_to_its_own_targets_and_dead_letters_the_rest() {
+    let t = Topics::new();
+    let exact = |topic: &str| format!("^{}$", topic.replace('.', r"\."));
+    // The target, and the probe topic the start waits on.
+    let ours = format!("^({}|probe-{})$", t.target.replace('.', r"\."), t.id);
+    let route = format!("{}={ours}", exact(&t.delay));
+    let Env {
+        kafka,
+        t,
+        data: _data,
+        broker,
+    } = Env::start_with(t, 1, &["--route", &route]).await;
+    // Another tenant's topic: it exists, and kafka-delay could write it.
+    let theirs = format!("tenant-b-{}", t.id);
+    kafka.create_topic(&theirs, 1).await;
+    let p = kafka.producer();
+    let headers = |target: &str| {
+        [
+            ("delay-target", target.to_owned()),
+            ("delay-after", "0".to_owned()),
+        ]
+    };
+    for (key, target) in [("theirs", theirs.as_str()), ("ours", t.target.as_str())] {
+        let h = headers(target);
+        let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+        produce(&p, &t.delay, Some(key), Some(key), &h).await;
+    }
+    let out = reader(&kafka, &t.target, 1);
+    let got = collect(&out, 1, Duration::from_secs(20)).await;
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].key().as_deref(), Some("ours"));
+    let dead = collect(&reader(&kafka, &t.dlt, 1), 1, Duration::from_secs(20)).await;
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].key().as_deref(), Some("theirs"));
+    assert_eq!(
+        dead[0].header("delay-error").as_deref(),
+        Some("target-not-allowed")
+    );
+    let detail = dead[0].header("delay-error-detail").unwrap_or_default();
+    assert!(detail.contains(&format!("route '{route}'")), "{detail}");
+    let other = collect(&reader(&kafka, &theirs, 1), 1, Duration::from_secs(3)).await;
+    assert!(other.is_empty(), "nothing reached the other tenant's topic");
     broker.shutdown().await;
 }

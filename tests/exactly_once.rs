@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::time::Duration;
 
 use common::apache::{self, Private};
@@ -40,7 +41,7 @@ impl Group {
     async fn start(kafka: Kafka, n: usize, partitions: i32, mode: &'static [&'static str]) -> Self {
         let t = Topics::new();
         kafka.create_topic(&t.delay, partitions).await;
-        kafka.create_topic(&t.target, partitions).await;
+        kafka.create_target_topic(&t.target, partitions).await;
         kafka.create_topic(&t.dlt, 1).await;
         let mut g = Group {
             kafka,
@@ -96,6 +97,14 @@ impl Group {
     async fn judged(self, verify: std::process::Child) -> (Value, String) {
         let report = report(verify).await;
         let tail = logs_tail(self.logs.path());
+        // KAFKA_DELAY_TEST_KEEP_LOGS=DIR keeps every instance's whole log, for a diagnosis.
+        if let Ok(keep) = std::env::var("KAFKA_DELAY_TEST_KEEP_LOGS") {
+            let to = Path::new(&keep).join(format!("{}-{}", self.t.id, mode_name(self.mode)));
+            std::fs::create_dir_all(&to).unwrap();
+            for e in std::fs::read_dir(self.logs.path()).unwrap().flatten() {
+                std::fs::copy(e.path(), to.join(e.file_name())).unwrap();
+            }
+        }
         drop(self.live);
         (report, tail)
     }

@@ -152,3 +152,22 @@ func Retry(rec *kgo.Record, opts ...RetryOption) *kgo.Record {
 	}
 	return &kgo.Record{Topic: o.topic, Key: rec.Key, Value: rec.Value, Headers: headers}
 }
+
+// ShareRetryID is the delay-id of a share group's retry: the delivered record's topic, partition
+// and offset, the same however often the share group delivers it.
+func ShareRetryID(rec *kgo.Record) string {
+	return fmt.Sprintf("share-retry:%s/%d/%d", rec.Topic, rec.Partition, rec.Offset)
+}
+
+// ShareRetry is Retry for a record consumed in a share group (KIP-932; franz-go 1.22 or newer
+// with kgo.ShareGroup), named after the delivery it retries (delay-id ShareRetryID(rec)).
+// Produce it, and only once Kafka has it (ProduceSync without an error) accept the record with
+// rec.Ack(kgo.AckAccept). If the consumer dies between the two, the share group delivers the
+// record again and the retry sent then replaces the first while that one is pending: one retry,
+// not two. Ids are scoped to the retry topic's partition, which the key picks: a record without
+// a key meets its earlier retry only on a retry topic of one partition.
+func ShareRetry(rec *kgo.Record, opts ...RetryOption) *kgo.Record {
+	r := Retry(rec, opts...)
+	r.Headers = append(r.Headers, hdr(HeaderID, ShareRetryID(rec)))
+	return r
+}

@@ -88,3 +88,20 @@ func TestDelayedRefusesWhatTheBrokerWouldDeadLetterWithAnError(t *testing.T) {
 		t.Errorf("no target: %v", err)
 	}
 }
+
+func TestAShareGroupsRetryIsNamedAfterTheDeliveryItRetries(t *testing.T) {
+	consumed := &kgo.Record{Topic: "orders", Partition: 3, Offset: 41, Key: []byte("k"), Value: []byte("v"),
+		Headers: []kgo.RecordHeader{{Key: "trace-id", Value: []byte("t")}}}
+	first, again := read(t, ShareRetry(consumed, RetryAfter(30*time.Second))), read(t, ShareRetry(consumed))
+	if string(first.ID) != "share-retry:orders/3/41" || string(again.ID) != string(first.ID) {
+		t.Fatalf("a redelivery's retry must replace the first: ids %q and %q", first.ID, again.ID)
+	}
+	if first.Kind != "retry" || first.Target != "orders" || first.DueMs != uint64(sent)+30_000 {
+		t.Fatalf("not a retry of orders in 30 s: %+v", first)
+	}
+	next := *consumed
+	next.Offset = 42
+	if string(read(t, ShareRetry(&next)).ID) == string(first.ID) {
+		t.Fatal("another delivery needs another id")
+	}
+}

@@ -116,3 +116,87 @@ pub(crate) fn shared() -> String {
         }
     }
 }
+
+/// A production-shaped cluster of this test's (`scripts/kafka.sh cluster`): three KRaft nodes,
+/// replication factor 3 and `min.insync.replicas=2`, SASL_SSL with SCRAM, the StandardAuthorizer.
+/// Each user's password is `NAME-secret`; `admin` is the super user. Stopped when dropped, and
+/// by the script's watchdog if this test process dies first.
+pub(crate) struct Secured {
+    dir: TempDir,
+    brokers: String,
+}
+
+impl Secured {
+    pub(crate) fn start() -> Self {
+        let dir = TempDir::new().expect("temp dir");
+        let pid = std::process::id().to_string();
+        let out = kafka_sh(&["cluster", dir.path().to_str().unwrap(), &pid]);
+        let brokers = out
+            .lines()
+            .find_map(|l| l.strip_prefix("bootstrap.servers="))
+            .expect("bootstrap.servers= line")
+            .to_owned();
+        Secured { dir, brokers }
+    }
+
+    pub(crate) fn brokers(&self) -> &str {
+        &self.brokers
+    }
+
+    pub(crate) fn path(&self, file: &str) -> String {
+        self.dir.path().join(file).to_str().unwrap().to_owned()
+    }
+
+    /// librdkafka's properties to connect as `user`, as KEY=VALUE.
+    pub(crate) fn client_props(&self, user: &str) -> Vec<(String, String)> {
+        [
+            ("security.protocol", "SASL_SSL".to_owned()),
+            ("sasl.mechanisms", "SCRAM-SHA-512".to_owned()),
+            ("sasl.username", user.to_owned()),
+            ("sasl.password", format!("{user}-secret")),
+            ("ssl.ca.location", self.path("ca.pem")),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v))
+        .collect()
+    }
+
+    /// Runs one of Kafka's tools as the admin (`--bootstrap-server` and `--command-config` are
+    /// added); panics with its output when it fails.
+    pub(crate) fn tool(&self, class: &str, args: &[&str]) -> String {
+        let config = self.path("admin.properties");
+        let mut all = vec![
+            "tool",
+            class,
+            "--bootstrap-server",
+            &self.brokers,
+            "--command-config",
+            &config,
+        ];
+        all.extend(args);
+        kafka_sh(&all)
+    }
+
+    /// SIGKILL of node `n` (1 to 3).
+    pub(crate) fn kill(&self, n: u32) {
+        kafka_sh(&["kill", &self.path(&format!("node{n}"))]);
+    }
+
+    /// Starts node `n` again with its data.
+    pub(crate) fn restart(&self, n: u32) {
+        let pid = std::process::id().to_string();
+        kafka_sh(&["start", &self.path(&format!("node{n}")), &pid]);
+    }
+}
+
+impl Drop for Secured {
+    fn drop(&mut self) {
+        for n in 1..=3 {
+            let _ = Command::new("bash")
+                .arg(script())
+                .args(["kill", &self.path(&format!("node{n}"))])
+                .stdin(Stdio::null())
+                .output();
+        }
+    }
+}

@@ -27,37 +27,87 @@ pub(crate) fn spawn_with(
     name: &str,
     more: &[&str],
 ) -> Instance {
+    let mut flags = vec!["--changelog", "--changelog-replication", "1"];
+    flags.extend(more);
+    spawn_flags(kafka, t, (data, logs), name, &flags)
+}
+
+/// A `kafka-delay run` of the test's group with only `flags` (no `--changelog`: the mode is
+/// the default one unless a flag says otherwise), logging to `logs/<name>.log`.
+pub(crate) fn spawn_flags(
+    kafka: &Kafka,
+    t: &Topics,
+    (data, logs): (&Path, &Path),
+    name: &str,
+    flags: &[&str],
+) -> Instance {
     let port = free_port();
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
         .open(logs.join(format!("{name}.log")))
         .unwrap();
-    let mut flags = vec!["--changelog", "--changelog-replication", "1"];
-    flags.extend(more);
     let proc = spawn_instance(
         &kafka.brokers(),
         t,
         (data, port),
         Some(name),
         &[],
-        &flags,
+        flags,
         Stdio::from(log),
     );
     Instance { _proc: proc, port }
 }
 
-/// The last lines of every instance's log, for a failure message.
+/// Every instance's log for a failure message: each kind of line counted (level, where, and
+/// the message without its fields, with the times of its first and last line), then the last
+/// lines. A failure's output is cut short where it is read, and the counts say what the
+/// instance kept doing, which the last lines alone do not.
 pub(crate) fn logs_tail(logs: &Path) -> String {
-    let mut out = String::new();
+    // A disk that filled up silences every log at once; say how full it is.
+    let df = Command::new("df").arg("-h").arg(logs).output();
+    let mut out = df.map_or_else(
+        |e| format!("df: {e}\n"),
+        |o| String::from_utf8_lossy(&o.stdout).into_owned(),
+    );
     for e in std::fs::read_dir(logs).unwrap().flatten() {
         let text = std::fs::read_to_string(e.path()).unwrap_or_default();
         let lines: Vec<&str> = text.lines().collect();
-        out += &format!("--- {}\n", e.path().display());
-        for l in &lines[lines.len().saturating_sub(25)..] {
+        out += &format!("--- {}: {} lines\n", e.path().display(), lines.len());
+        out += &kinds_of_lines(&lines);
+        for l in &lines[lines.len().saturating_sub(12)..] {
             out += l;
             out += "\n";
         }
+    }
+    out
+}
+
+/// `count first..last kind` for each kind of line, in the order each first appeared.
+fn kinds_of_lines(lines: &[&str]) -> String {
+    let mut kinds: Vec<(String, usize, &str, &str)> = Vec::new();
+    for l in lines {
+        let mut words = l.split_whitespace();
+        let time = words.next().unwrap_or_default();
+        let kind: Vec<&str> = words
+            .take_while(|w| {
+                !w.split_once('=').is_some_and(|(k, _)| {
+                    !k.is_empty() && k.chars().all(|c| c.is_alphanumeric() || c == '_')
+                })
+            })
+            .collect();
+        let kind: String = kind.join(" ").chars().take(140).collect();
+        let time = time.get(11..23).unwrap_or(time);
+        match kinds.iter_mut().find(|k| k.0 == kind) {
+            Some(k) => (k.1, k.3) = (k.1 + 1, time),
+            None => kinds.push((kind, 1, time, time)),
+        }
+    }
+    let mut out: String = (kinds.iter().take(40))
+        .map(|(kind, n, first, last)| format!("  {n:>6} {first}..{last} {kind}\n"))
+        .collect();
+    if kinds.len() > 40 {
+        out += &format!("  ... and {} more kinds\n", kinds.len() - 40);
     }
     out
 }
@@ -125,5 +175,13 @@ pub(crate) async fn report(verify: Child) -> serde_json::Value {
         .unwrap()
         .expect("kafka-delay verify ran");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_default()
+    let report: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().unwrap_or_default()).unwrap_or_default();
+    // Judged by Kafka's clock (the target's append time), and every record of the run read.
+    assert_eq!(
+        (report["arrival"].as_str(), report["mangled"].as_u64()),
+        (Some("log-append-time"), Some(0)),
+        "{report}"
+    );
+    report
 }

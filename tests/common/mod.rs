@@ -4,8 +4,10 @@
 #![allow(dead_code)]
 
 pub(crate) mod apache;
+pub(crate) mod browser;
 pub(crate) mod group;
 pub(crate) mod procs;
+pub(crate) mod proxy;
 
 use std::collections::HashMap;
 
@@ -410,6 +412,26 @@ pub(crate) async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, St
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
     (status, body)
+}
+
+/// [`http_get`] of a server that may be gone: `None` when nothing answers within 5 s.
+pub(crate) async fn http_get_at(addr: std::net::SocketAddr, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let ask = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n");
+        s.write_all(request.as_bytes()).await.ok()?;
+        let mut buf = String::new();
+        s.read_to_string(&mut buf).await.ok()?;
+        let status = buf.split_whitespace().nth(1)?.parse().ok()?;
+        let body = buf.split_once("\r\n\r\n").map(|(_, b)| b.to_owned());
+        Some((status, body.unwrap_or_default()))
+    };
+    tokio::time::timeout(Duration::from_secs(5), ask)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// An HTTP request to the broker's server with an optional JSON body and bearer token;

@@ -3,7 +3,8 @@
 // records, runs this with what it needs in the environment, and checks on Kafka what the
 // clicks did. Each step prints one line; the outcome goes to $CONSOLE_RESULT as JSON.
 //
-//   CONSOLE_PHASE        open (no token) or token (the broker has --admin-token)
+//   CONSOLE_PHASE        open (no token), token (the broker has --admin-token), group or
+//                        group-partial (three instances, one of them stopped in the second)
 //   CONSOLE_URL          http://127.0.0.1:PORT
 //   CONSOLE_IDS          JSON: the seeded records' delay-ids and ids, by role
 //   CONSOLE_TOKEN        the token (phase token)
@@ -46,10 +47,27 @@ async function confirmed(page, button) {
   await page.click(button);
   await page.waitForSelector("dialog#confirm[open]");
   const question = await page.textContent("#confirm-text");
+  return { question, ...(await answeredYes(page)) };
+}
+
+/** Says yes to the open confirmation and waits for the action's outcome. */
+async function answeredYes(page) {
+  // The outcome of an earlier action may still be on screen: wait for this one's.
+  const before = await page.evaluate(() => {
+    const o = document.querySelector("#outcome");
+    return o && !o.hidden ? o.textContent : null;
+  });
   const at = Date.now();
   await page.click("#confirm-yes");
-  await page.waitForSelector("#outcome:not([hidden])");
-  return { question, at, outcome: await page.textContent("#outcome") };
+  await page.waitForFunction(
+    (b) => {
+      const o = document.querySelector("#outcome");
+      return o && !o.hidden && o.textContent !== b;
+    },
+    before,
+    { timeout: 15000 },
+  );
+  return { at, outcome: await page.textContent("#outcome") };
 }
 
 const browser = await chromium.launch({
@@ -86,9 +104,19 @@ try {
     await page.goto(base + "/ui#/pending");
     await page.fill("#pending-search input[name=delay_id]", ids.find_delay_id);
     await page.click("#pending-search button[type=submit]");
-    await page.waitForSelector(`tr[data-id="${ids.find}"]`);
-    const rows = await page.$$("tbody tr[data-id]");
-    check(rows.length === 1, "search by delay-id finds exactly that record");
+    // The unfiltered page may still be on screen when the record shows: wait for the answer
+    // to the search (a page of one row, that record), or fail at the timeout.
+    const found = await page
+      .waitForFunction(
+        (id) => {
+          const rows = document.querySelectorAll("tbody tr[data-id]");
+          return rows.length === 1 && rows[0].dataset.id === id;
+        },
+        ids.find,
+        { timeout: 15000 },
+      )
+      .then(() => true, () => false);
+    check(found, "search by delay-id finds exactly that record");
     await shot(page, "pending");
 
     // Its page: key, value and headers.
@@ -124,9 +152,22 @@ try {
     // Bulk: reschedule everything of the bulk target by an hour, after confirmation.
     await page.goto(base + "/ui#/pending?target=" + encodeURIComponent(ids.bulk_target));
     await page.waitForSelector("#bulk-reschedule");
-    await page.fill("#bulk-delay", "2h");
-    const bulk = await confirmed(page, "#bulk-reschedule");
-    check(/Rescheduled 3 of 3/.test(bulk.outcome), "a bulk reschedule for a filter changes the 3 matching records");
+    // The page may render again (a reload owed to the action before) and empty a form filled
+    // before it: fill until the question asks about the delay typed, answering no otherwise.
+    let bulk = { outcome: "no question asked about 2h" };
+    for (let tries = 0; tries < 5; tries++) {
+      await page.waitForSelector("#bulk-delay");
+      await page.fill("#bulk-delay", "2h");
+      await page.click("#bulk-reschedule");
+      await page.waitForSelector("dialog#confirm[open]");
+      if ((await page.textContent("#confirm-text")).includes(" to 2h from now")) {
+        bulk = await answeredYes(page);
+        break;
+      }
+      await page.click("#confirm-no");
+      await page.waitForTimeout(300);
+    }
+    check(/Rescheduled 3 of 3/.test(bulk.outcome), "a bulk reschedule for a filter changes the 3 matching records (" + bulk.outcome + ")");
 
     // A dead letter replayed at a rate.
     await page.goto(base + "/ui#/dead-letters");
@@ -186,6 +227,76 @@ try {
       attempts.length === 3 && attempts.every((a) => / opaque 0$| blocked /.test(a)),
       "a page of another origin can send but read nothing: " + attempts.join("; "),
     );
+  } else if (phase === "group" || phase === "group-partial") {
+    // Three instances; the page talks to one. Its overview is the group's: the totals sum
+    // every member (ids.pending, what their metrics say), and each member has a row.
+    await page.goto(base + "/ui#/");
+    await page.waitForSelector(`text=Overview of the group (${ids.members} instances)`, { timeout: 30000 });
+    const pendingCard = await page.evaluate(() => {
+      const card = [...document.querySelectorAll(".card")].find((c) => c.querySelector(".label").textContent === "Pending");
+      return card ? card.querySelector(".value").textContent : null;
+    });
+    const rows = await page.$$eval("h2:text('Instances') + table tbody tr", (trs) => trs.map((tr) => [tr.className, tr.textContent]));
+    check(rows.length === ids.members, `the instances table has a row for each of the ${ids.members} members`);
+    if (phase === "group") {
+      check(pendingCard === ids.pending, `the pending total is the sum of the members' (${pendingCard}, want ${ids.pending})`);
+      check((await page.$("#partial")) === null && rows.every(([c]) => c !== "missing"), "every member answered");
+      await shot(page, "group");
+      // A search finds the records of every instance on one page, in due order.
+      await page.goto(base + `/ui#/pending?due_from=${ids.search_from}&due_to=${ids.search_to}`);
+      await page.waitForFunction((n) => document.querySelectorAll("table tbody tr[data-id]").length === n && document.querySelector("#bulk-cancel"), ids.search_count, { timeout: 30000 });
+      const found = await page.$$eval("table tbody tr[data-id]", (trs) => trs.map((tr) => [tr.children[1].textContent, tr.children[4].textContent]));
+      const holders = new Set(found.map(([, by]) => by));
+      check(holders.size === ids.members, `one page of the search holds the records of all ${ids.members} instances: ` + [...holders].join(", "));
+      check(found.every(([due], i) => i === 0 || found[i - 1][0] <= due), "in due order");
+      await shot(page, "group-pending");
+      // Paging through the whole group returns every pending record once.
+      const sources = new Set();
+      let [listed, first, href] = [0, null, "#/pending"];
+      for (let i = 0; i < 100 && href; i++) {
+        await page.goto(base + "/ui" + href);
+        // The new page is on screen: no search's bulk actions, and another first record.
+        await page.waitForFunction((prev) => {
+          const td = document.querySelector("table tbody tr[data-id] td:nth-child(4)");
+          return td && td.textContent !== prev && !document.querySelector("#bulk-cancel");
+        }, first, { timeout: 30000 });
+        const shown = await page.$$eval("table tbody tr[data-id]", (trs) => trs.map((tr) => tr.children[3].textContent));
+        shown.forEach((s) => sources.add(s));
+        [listed, first] = [listed + shown.length, shown[0]];
+        href = await page.evaluate(() => document.querySelector("#next-page")?.getAttribute("href") || null);
+      }
+      check(listed === Number(ids.pending) && sources.size === listed, `paging through lists each of the ${ids.pending} records once (${listed} rows, ${sources.size} distinct)`);
+      // A bulk cancel from this one instance cancels the matching records on all of them.
+      await page.goto(base + `/ui#/pending?due_from=${ids.cancel_due}&due_to=${ids.cancel_due}`);
+      await page.waitForFunction((n) => document.querySelectorAll("table tbody tr[data-id]").length === n && document.querySelector("#bulk-cancel"), ids.cancel_count, { timeout: 30000 });
+      const bulk = await confirmed(page, "#bulk-cancel");
+      const want = `Cancelled ${ids.cancel_count} of ${ids.cancel_count} on ${ids.members} of ${ids.members} instances`;
+      check(bulk.outcome.includes(want), `the bulk cancel reports every instance: ${bulk.outcome} (want ${want})`);
+      await page.goto(base + "/ui#/pending");
+      await page.waitForFunction(() => document.querySelectorAll("table tbody tr[data-id]").length === 50 && !document.querySelector("#bulk-cancel"), null, { timeout: 30000 });
+      // A record another instance holds opens here (by its ref, sent on to its owner).
+      const other = await page.$$eval("table tbody tr[data-id]", (trs, asked) => {
+        const tr = trs.find((t) => t.querySelector("td.address").textContent !== asked);
+        return tr ? [tr.querySelector("a").getAttribute("href"), tr.querySelector("td.address").textContent] : null;
+      }, ids.asked);
+      check(other !== null, "a record held by another instance is listed");
+      await page.goto(base + "/ui" + other[0]);
+      await page.waitForSelector("#record-cancel");
+      const owner = await page.$$eval("dl.detail dt", (dts) => dts.find((d) => d.textContent === "Owner").nextElementSibling.textContent);
+      check(owner === other[1], "its page names the instance holding it (" + owner + ", want " + other[1] + ")");
+    } else {
+      const partial = await page.textContent("#partial");
+      check(partial.includes(ids.missing), "the page names the member that did not answer: " + partial);
+      check(rows.some(([c, text]) => c === "missing" && text.includes(ids.missing)), "its row is marked");
+      check(pendingCard === ids.pending, `the total covers the members that answered (${pendingCard}, want ${ids.pending})`);
+      await shot(page, "group-partial");
+      await page.goto(base + "/ui#/pending");
+      await page.waitForSelector(`text=Pending records of the group (${ids.members} instances)`, { timeout: 30000 });
+      const listing = await page.textContent("#partial");
+      check(listing.includes(ids.missing) && listing.includes("not listed"), "the pending page names the member whose records it could not list: " + listing);
+      const by = await page.$$eval("table tbody tr[data-id] td.address", (tds) => tds.map((t) => t.textContent));
+      check(by.length > 0 && by.every((b) => b !== ids.missing), "and shows the others' records (" + new Set(by).size + " instances)");
+    }
   } else if (phase === "token") {
     const token = env("CONSOLE_TOKEN");
     await page.goto(base + "/ui#/pending");

@@ -56,7 +56,14 @@ async fn kill_9_at_random_moments_many_times_loses_nothing() {
         tokio::time::sleep(Duration::from_millis(life)).await;
         broker.0.kill().expect("SIGKILL");
         broker.0.wait().unwrap();
-        broker = spawn_broker(&brokers, &t, &data, port);
+        // Every other life runs with --sync (the WAL fsynced per ingest group): a kill loses
+        // nothing either way.
+        let sync: &[(&str, &str)] = if cycle % 2 == 0 {
+            &[("KAFKA_DELAY_SYNC", "true")]
+        } else {
+            &[]
+        };
+        broker = spawn_broker_with(&brokers, &t, &data, port, sync);
         ready_after.push(wait_ready(port, Duration::from_secs(30)).await);
     }
     feeder.await.unwrap();
@@ -81,6 +88,10 @@ async fn kill_9_at_random_moments_many_times_loses_nothing() {
     );
 }
 
+/// The mode these steps are of: without the changelog (a crash between the RocksDB write and
+/// the changelog's acknowledgement can fire that batch twice after a restart with it).
+const LOCAL: (&str, &str) = ("KAFKA_DELAY_NO_CHANGELOG", "true");
+
 /// Crash at each step of the durability order, then restart: nothing lost, and only the
 /// records of the batch in flight at the crash published twice.
 #[cfg(feature = "failpoints")]
@@ -100,7 +111,7 @@ async fn a_crash_at_each_step_of_the_durability_order_loses_nothing() {
             &t,
             &data,
             port,
-            &[("KAFKA_DELAY_FAILPOINT", point)],
+            &[("KAFKA_DELAY_FAILPOINT", point), LOCAL],
         );
         wait_ready(port, Duration::from_secs(60)).await;
         let (tally, dues) = tally(50, now_ms() + 2_000, 10);
@@ -119,7 +130,7 @@ async fn a_crash_at_each_step_of_the_durability_order_loses_nothing() {
         };
         assert!(!status.success(), "{point}: aborted");
         drop(broker);
-        let _broker = spawn_broker(&brokers, &t, &data, port);
+        let _broker = spawn_broker_with(&brokers, &t, &data, port, &[LOCAL]);
         wait_ready(port, Duration::from_secs(30)).await;
         let report = wait_complete(&tally, Duration::from_secs(60)).await;
         eprintln!("failpoint {point}: {report:?}");
@@ -141,7 +152,7 @@ async fn a_crash_at_each_step_of_the_durability_order_loses_nothing() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_clock_jumping_back_never_fires_early_and_jumping_forward_fires_what_became_due() {
+async fn a_clock_jumping_back_never_fires_early_and_one_jumping_forward_is_held_back_to_kafkas() {
     let kafka = Kafka::start();
     let t = Topics::new();
     kafka.create_topic(&t.delay, 1).await;
@@ -154,14 +165,14 @@ async fn a_clock_jumping_back_never_fires_early_and_jumping_forward_fires_what_b
     kafka.create_topic(&probe, 1).await;
     wait_consuming(&kafka, &t, &probe).await;
 
-    // 200 records due over the next hour, 20 of them in the next 3 seconds.
+    // 200 records: 20 due within 3 s, the rest from 12 s to 30 s.
     let now = now_ms();
     let dues: Vec<u64> = (0..200u64)
         .map(|i| {
             if i < 20 {
                 now + 2_000 + i * 50
             } else {
-                now + 60_000 + i * 17_000
+                now + 12_000 + i * 100
             }
         })
         .collect();
@@ -185,17 +196,19 @@ async fn a_clock_jumping_back_never_fires_early_and_jumping_forward_fires_what_b
         back.received, 0,
         "fired while the clock read an hour earlier: {back:?}"
     );
-    // Forward by two hours (an hour past the real time): all 200 are due and fire.
-    let jumped = Instant::now();
+    // Forward by two hours (an hour past the real time). The changelog's append times show
+    // the Kafka cluster's clock an hour behind this one: the records fire by Kafka's clock,
+    // the 20 overdue ones at once and the rest at their due time, none early by when they
+    // reached the target (the checker's own clock).
     clock.set_offset_ms(3_600_000);
     let report = wait_complete(&tally, Duration::from_secs(60)).await;
-    eprintln!(
-        "clock jumps: {report:?}, all fired {:?} after the jump forward",
-        jumped.elapsed()
-    );
+    eprintln!("clock back 1h then forward 1h: {report:?}");
     println!("clock back 1h then forward 1h\n{report}");
-    assert_eq!(report.lost, 0);
-    assert_eq!(report.early, 0, "never early by the broker's clock");
+    assert_eq!(
+        (report.lost, report.early, report.duplicates),
+        (0, 0, 0),
+        "{report:?}"
+    );
     broker.shutdown().await;
 }
 

@@ -147,12 +147,23 @@ async fn settled_pending(broker: &kafka_delay::app::Running) -> u64 {
 
 /// Apache Kafka stopped (SIGTERM, a clean JVM shutdown) for 10 s while 300 records come due,
 /// then started again with its data: nothing lost, nothing early, and the idempotent producer
-/// publishes nothing twice.
+/// publishes nothing twice. Without the changelog: with it, the group's rebalance when the
+/// coordinator comes back can let a partition go with deliveries still in flight past
+/// --handoff-wait (the outage holds them), and those may fire again (README, Known limits).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_broker_restart_while_records_come_due_loses_nothing() {
     let apache = apache::Private::start();
     let kafka = Kafka::External(apache.brokers().to_owned());
-    let env = Env::start_on(kafka, Topics::new(), 1, &[]).await;
+    // The idempotent producer keeps a record from being written twice while it retries it,
+    // within its delivery timeout: one past the outage. The outage is meant to be 10 s, but a
+    // loaded machine took 25 s to stop and start Kafka, and a record given up after 30 s (the
+    // default) and fired again was written twice.
+    let flags = [
+        "--no-changelog",
+        "--kafka-config",
+        "message.timeout.ms=120000",
+    ];
+    let env = Env::start_on(kafka, Topics::new(), 1, &flags).await;
     let (kafka, t) = (&env.kafka, &env.t);
     // Due from 3 s ahead over 9 s: before, during and after the outage.
     let tally = produce_tallied(kafka, t, 300, now_ms() + 3_000, 30).await;

@@ -24,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use common::procs::*;
 use common::*;
-use kafka_delay::verify::{Report, Tally};
+use kafka_delay::verify::{Arrival, Report, Tally};
 use kafka_delay_core::clock::OffsetClock;
 use kafka_delay_testkit::topic_exists;
 use rdkafka::message::{Header, Message, OwnedHeaders};
@@ -51,7 +51,7 @@ fn collector(kafka: &Kafka, topic: &str, partitions: i32, tally: Arc<Mutex<Tally
     tokio::spawn(async move {
         loop {
             match c.recv().await {
-                Ok(m) => tally.lock().unwrap().observe(m.payload(), m.headers()),
+                Ok(m) => tally.lock().unwrap().observe(m.payload(), Arrival::of(&m)),
                 Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
             }
         }

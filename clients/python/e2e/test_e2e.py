@@ -48,6 +48,18 @@ def wait_ready(port, proc, within=60):
     raise AssertionError(f"kafka-delay not ready within {within} s")
 
 
+def spawn_broker(run, data, port, *flags):
+    """kafka-delay for the test `run`: its delay topics delay.RUN.*, its retry topic
+    delay.RUN.retry, group kd-RUN, with `flags` more."""
+    return subprocess.Popen(
+        [BIN, "run", "--brokers", BROKERS, "--data-dir", data, "--http-addr", f"127.0.0.1:{port}",
+         "--group-id", f"kd-{run}", "--instance-id", f"i-{run}",
+         "--source-pattern", rf"^delay\.{run}\..+", "--retry-topics", rf"^delay\.{run}\.retry$",
+         "--topic-refresh", "500ms", *flags],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
 def next_message(consumer, want, within=60):
     """The first message for which want(msg) holds, polling at most `within` seconds."""
     deadline = time.time() + within
@@ -69,13 +81,7 @@ def test_a_delayed_record_and_a_retry_arrive_when_due():
         f.result(30)
     port = free_port()
     with tempfile.TemporaryDirectory() as data:
-        broker = subprocess.Popen(
-            [BIN, "run", "--brokers", BROKERS, "--data-dir", data, "--http-addr", f"127.0.0.1:{port}",
-             "--group-id", f"g-{run}", "--instance-id", f"i-{run}",
-             "--source-pattern", rf"^delay\.{run}\..+", "--retry-topics", rf"^delay\.{run}\.retry$",
-             "--dead-letter-topic", dlt, "--topic-refresh", "500ms"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
+        broker = spawn_broker(run, data, port, "--dead-letter-topic", dlt)
         try:
             wait_ready(port, broker)
             producer = Producer({"bootstrap.servers": BROKERS, "linger.ms": 0})

@@ -3,3 +3,4 @@ header contract as the broker applies it (tested on schemas/contract-vectors.jso
 
 from .contract import Contract, Outcome, Policy, Record, Rejected, interpret  # noqa: F401
 from .helpers import attempt, cancel, delayed, retry  # noqa: F401
+from .share import retry_and_accept, share_retry, share_retry_id  # noqa: F401

@@ -4,7 +4,7 @@ import datetime as dt
 
 import pytest
 
-from kafka_delay import Contract, Record, attempt, cancel, delayed, interpret, retry
+from kafka_delay import Contract, Record, attempt, cancel, delayed, interpret, retry, share_retry
 
 NOW = 1_763_700_000_000
 SENT = NOW - 1_000
@@ -20,8 +20,15 @@ def read(rec, topic=None):
 class Msg:
     """A consumed confluent_kafka.Message, as far as the helpers use one."""
 
-    def __init__(self, topic, key, value, headers):
+    def __init__(self, topic, key, value, headers, partition=0, offset=0):
         self._t, self._k, self._v, self._h = topic, key, value, headers
+        self._p, self._o = partition, offset
+
+    def partition(self):
+        return self._p
+
+    def offset(self):
+        return self._o
 
     def topic(self):
         return self._t
@@ -88,3 +95,19 @@ def test_a_number_means_seconds_in_delayed_and_in_retry_alike():
     for bad in (True, [30], -1, "soon"):
         with pytest.raises((TypeError, ValueError)):
             retry(consumed, after=bad)
+
+
+def test_a_share_groups_retry_is_named_after_the_delivery_it_retries():
+    consumed = Msg("orders", b"k", b"v", [("trace-id", b"t")], partition=3, offset=41)
+    out = share_retry(consumed, after=30, reason="inventory 503")
+    assert "partition" not in out, "a keyed retry goes where its key does"
+    again = share_retry(Msg("orders", b"k", b"v", [("trace-id", b"t")], partition=3, offset=41), after=30)
+    read_out, read_again = read(out), read(again)
+    assert read_out.id == read_again.id == b"share-retry:orders/3/41", "a redelivery's retry replaces the first"
+    assert (read_out.kind, read_out.target, read_out.due_ms) == ("retry", "orders", SENT + 30_000)
+    assert read(share_retry(Msg("orders", b"k", b"v", [], 3, 42))).id != read_out.id
+    keyless = Msg("orders", None, b"v", [], partition=0, offset=7)
+    with pytest.raises(ValueError):
+        share_retry(keyless)
+    picks = {share_retry(keyless, partitions=6)["partition"] for _ in range(3)}
+    assert len(picks) == 1 and picks <= set(range(6)), "one partition per delivery"

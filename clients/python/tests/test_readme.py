@@ -43,3 +43,42 @@ def test_the_readme_python_snippet_schedules_a_reminder_and_a_retry():
     out = read(again)
     assert (out.kind, out.target, out.attempt, out.due_ms) == ("retry", "orders", 1, NOW + 30_000)
     assert ("trace-id", b"t-1") in out.headers and ("retry-reason", b"inventory 503") in out.headers
+
+
+class ShareMsg(Msg):
+    def partition(self):
+        return 2
+
+    def offset(self):
+        return 41
+
+
+class Flushing(Recorder):
+    def produce(self, on_delivery=None, **kwargs):
+        super().produce(**kwargs)
+        on_delivery(None, None)
+
+    def flush(self, timeout):
+        return 0
+
+
+class Acknowledging:
+    def __init__(self):
+        self.acked = []
+
+    def acknowledge(self, msg, ack_type):
+        self.acked.append((msg, ack_type))
+
+
+def test_the_readme_share_group_call_sends_a_named_retry_and_accepts_the_message():
+    section = README[README.index("**In Python** (confluent-kafka's `ShareConsumer`"):]
+    call = re.search(r"`(retry_and_accept\(.*?\))`", section).group(1)
+    producer, consumer, msg = Flushing(), Acknowledging(), ShareMsg()
+    exec(f"from kafka_delay import retry_and_accept\n{call}", {"producer": producer, "consumer": consumer, "msg": msg})
+    (sent,) = producer.sent
+    out = interpret(Record(sent["topic"], sent["headers"], sent["key"], sent["value"], NOW), NOW, Contract())
+    assert (out.kind, out.target, out.attempt, out.due_ms, out.id) == (
+        "retry", "orders", 1, NOW + 30_000, b"share-retry:orders/2/41")
+    from confluent_kafka import AcknowledgeType
+
+    assert consumer.acked == [(msg, AcknowledgeType.ACCEPT)]

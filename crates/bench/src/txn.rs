@@ -265,19 +265,20 @@ async fn transactions(
     (target, changelog): (&str, &str),
     cut: Cut,
 ) -> Result<(f64, [u64; 2]), BenchError> {
-    let producer: FutureProducer = ClientConfig::new()
-        .set("bootstrap.servers", brokers)
-        .set(
-            "transactional.id",
-            format!(
-                "bench-txn-{}-{}-{}",
-                std::process::id(),
-                cut.interval.as_millis(),
-                cut.max_records
-            ),
-        )
-        .set("linger.ms", "5")
-        .create()?;
+    let producer = kafka_delay::txn::producer(
+        ClientConfig::new()
+            .set("bootstrap.servers", brokers)
+            .set(
+                "transactional.id",
+                format!(
+                    "bench-txn-{}-{}-{}",
+                    std::process::id(),
+                    cut.interval.as_millis(),
+                    cut.max_records
+                ),
+            )
+            .set("linger.ms", "5"),
+    )?;
     let (txn, _task) = Transactions::start(producer, Setup::new(member.metadata(), cut))?;
     let (t, c, s, piece) = (
         target.to_owned(),

@@ -6,6 +6,12 @@
 //! - `after-consume`: records consumed and interpreted, nothing stored;
 //! - `after-store-write`: the ingest batch is in RocksDB, its offsets not yet stored for commit;
 //! - `after-delivery`: delivery reports received, the records not yet deleted.
+//!
+//! `KAFKA_DELAY_TEST_CLOCK_FILE=<path>` steps the process's wall clock ([`wall_clock`]).
+
+use std::sync::Arc;
+
+use kafka_delay_core::clock::{Clock, SystemClock};
 
 /// Aborts the process when `KAFKA_DELAY_FAILPOINT` names this point.
 #[inline]
@@ -21,4 +27,26 @@ pub fn hit(name: &str) {
     }
     #[cfg(not(feature = "failpoints"))]
     let _ = name;
+}
+
+/// The wall clock of `kafka-delay run`: the system's; with the `failpoints` feature and
+/// `KAFKA_DELAY_TEST_CLOCK_FILE` set, the system's plus the signed milliseconds that file
+/// holds, read again every 50 ms (a test steps the clock of this process alone by writing it).
+pub fn wall_clock() -> Arc<dyn Clock> {
+    #[cfg(feature = "failpoints")]
+    if let Ok(path) = std::env::var("KAFKA_DELAY_TEST_CLOCK_FILE") {
+        let clock = kafka_delay_core::clock::OffsetClock::default();
+        let stepped = clock.clone();
+        std::thread::spawn(move || loop {
+            let offset = std::fs::read_to_string(&path)
+                .ok()
+                .and_then(|s| s.trim().parse::<i64>().ok());
+            if let Some(ms) = offset {
+                stepped.set_offset_ms(ms);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        });
+        return Arc::new(clock);
+    }
+    Arc::new(SystemClock)
 }

@@ -25,6 +25,7 @@ pub mod failpoint;
 pub mod http;
 pub mod ingest;
 pub mod kafka;
+pub mod kafka_clock;
 pub mod metrics;
 pub mod publish;
 pub mod replay;

@@ -2,13 +2,11 @@
 
 use std::io::Write;
 use std::process::ExitCode;
-use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use kafka_delay::config::{Config, RunArgs};
 use kafka_delay::kafka::Embedded;
-use kafka_delay_core::clock::SystemClock;
 use prometheus::Registry;
 use tokio::signal::unix::{signal, SignalKind};
 
@@ -39,6 +37,9 @@ enum Command {
     Replay(kafka_delay::replay::ReplayArgs),
     /// Produce a known set of delayed records and report lost, duplicated, early and late ones.
     Verify(kafka_delay::verify::VerifyArgs),
+    /// Print the ACLs kafka-delay's principal needs with the `run` flags given (kafka-acls
+    /// lines or JSON), on a cluster with an authorizer.
+    Acls(kafka_delay::config::acls::AclsArgs),
 }
 
 /// Flags of `kafka-delay sandbox`.
@@ -106,11 +107,44 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Acls(args) => acls_cmd(&args),
         Command::Sandbox(args) => {
             init_logging(false);
             exit(runtime().and_then(|rt| rt.block_on(sandbox(args.brokers))))
         }
     }
+}
+
+/// Prints the ACLs of `kafka-delay acls`; a configuration no ACL can state fails saying why.
+fn acls_cmd(args: &kafka_delay::config::acls::AclsArgs) -> ExitCode {
+    use kafka_delay::config::acls::{acls, kafka_acls_lines, Format};
+    let rules = match args
+        .run
+        .validate()
+        .map_err(|e| e.to_string())
+        .and_then(|config| {
+            acls(&config)
+                .map(|rules| (config.kafka.brokers.clone(), rules))
+                .map_err(|e| e.to_string())
+        }) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("kafka-delay: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let (brokers, rules) = rules;
+    match args.format {
+        Format::KafkaAcls => print!(
+            "{}",
+            kafka_acls_lines(&rules, &args.principal, &brokers, &args.command_config)
+        ),
+        Format::Json => println!(
+            "{}",
+            serde_json::to_string_pretty(&rules).unwrap_or_default()
+        ),
+    }
+    ExitCode::SUCCESS
 }
 
 fn exit(result: anyhow::Result<()>) -> ExitCode {
@@ -186,14 +220,17 @@ fn announce(bootstrap: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn stop_signal() -> anyhow::Result<()> {
+/// A future that ends at the first SIGTERM or SIGINT; the handlers are installed at once, so
+/// a signal that comes while the instance starts (again) is not missed.
+fn stop_signal() -> anyhow::Result<impl std::future::Future<Output = ()>> {
     let mut term = signal(SignalKind::terminate()).context("SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("SIGINT handler")?;
-    tokio::select! {
-        _ = term.recv() => tracing::info!("SIGTERM received"),
-        _ = int.recv() => tracing::info!("SIGINT received"),
-    }
-    Ok(())
+    Ok(async move {
+        tokio::select! {
+            _ = term.recv() => tracing::info!("SIGTERM received"),
+            _ = int.recv() => tracing::info!("SIGINT received"),
+        }
+    })
 }
 
 fn start_embedded(config: &mut Config) -> anyhow::Result<Embedded> {
@@ -206,18 +243,47 @@ fn start_embedded(config: &mut Config) -> anyhow::Result<Embedded> {
     Ok(embedded)
 }
 
+/// Runs the broker until SIGTERM or SIGINT. When its Kafka consumer fails for good (a fatal
+/// librdkafka error, such as a static member fenced after a long coordinator outage), the
+/// instance stops as for a SIGTERM and starts again with the same data directory: the same
+/// as a supervisor restarting it, without waiting for one.
 async fn run(mut config: Config) -> anyhow::Result<()> {
     let embedded = if config.kafka.embedded {
         Some(start_embedded(&mut config)?)
     } else {
         None
     };
-    let running = kafka_delay::app::start(config, Arc::new(SystemClock), Registry::new()).await?;
-    if let Some(e) = &embedded {
-        announce(&e.bootstrap_servers())?;
+    let mut stop = std::pin::pin!(stop_signal()?);
+    let mut announced = false;
+    let clock = kafka_delay::failpoint::wall_clock();
+    loop {
+        let start = kafka_delay::app::start(config.clone(), clock.clone(), Registry::new());
+        let running = tokio::select! {
+            r = start => r?,
+            () = &mut stop => return Ok(()),
+        };
+        if let (Some(e), false) = (&embedded, announced) {
+            announce(&e.bootstrap_servers())?;
+            announced = true;
+        }
+        tokio::select! {
+            () = &mut stop => {
+                running.shutdown().await;
+                break;
+            }
+            broken = running.broken() => {
+                tracing::error!(reason = %broken,
+                    "the Kafka consumer cannot go on; stopping and starting this instance again");
+                if !running.shutdown().await {
+                    anyhow::bail!(
+                        "the Kafka consumer failed ({broken}) and RocksDB could not be closed \
+                         for a restart in place; exiting so that a supervisor starts the \
+                         instance again"
+                    );
+                }
+            }
+        }
     }
-    stop_signal().await?;
-    running.shutdown().await;
     drop(embedded);
     Ok(())
 }
@@ -230,7 +296,7 @@ async fn sandbox(brokers: i32) -> anyhow::Result<()> {
     embedded.create_topic("delay-dead-letter", 1)?;
     tracing::info!(bootstrap = %embedded.bootstrap_servers(), "sandbox cluster running");
     announce(&embedded.bootstrap_servers())?;
-    stop_signal().await?;
+    stop_signal()?.await;
     drop(embedded);
     Ok(())
 }

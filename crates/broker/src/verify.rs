@@ -2,8 +2,13 @@
 //! was lost, duplicated, early or late. `kafka-delay verify` runs it against a live broker; the
 //! reliability tests use [`Tally`] directly.
 //!
-//! Each record carries its identity in the value, `<run>:<n>`, and its planned due time in
-//! `delay-until`; the published copy carries `delay-due-ms` and `delay-fired-ms`.
+//! It trusts nothing kafka-delay writes about itself. Each record carries its identity in the
+//! value, `<run>:<n>`, and the verifier keeps its planned due time; a record is early when it
+//! reached the target before that time, judged by the broker's append time on a target with
+//! `message.timestamp.type=LogAppendTime` and otherwise by when the verifier received it (later
+//! than it reached the target, so that clock can miss an early record but never invents one).
+//! Its producer is idempotent, so a retry of its own cannot make a duplicate; it reads
+//! read_committed, and keeps reading `--settle` after the last first copy for late duplicates.
 
 use std::time::{Duration, Instant};
 
@@ -11,7 +16,7 @@ use clap::Args;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::error::KafkaError;
-use rdkafka::message::{Header as KHeader, Headers, Message, OwnedHeaders};
+use rdkafka::message::{Header as KHeader, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::topic_partition_list::{Offset, TopicPartitionList};
 
@@ -23,7 +28,31 @@ use kafka_delay_core::record::names;
 #[derive(Debug, Clone, Copy, Default)]
 struct Seen {
     count: u32,
-    first_fired_ms: u64,
+}
+
+/// When a record reached the target, and by which clock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Arrival {
+    /// The broker's append time (a target with `message.timestamp.type=LogAppendTime`).
+    Appended(u64),
+    /// When the reader received it (a target that keeps the producer's timestamps).
+    Received(u64),
+}
+
+impl Arrival {
+    /// The arrival of `m`: its append time where the broker set it, else now.
+    pub fn of(m: &impl Message) -> Self {
+        match m.timestamp() {
+            rdkafka::Timestamp::LogAppendTime(ms) if ms >= 0 => Arrival::Appended(ms as u64),
+            _ => Arrival::Received(now_ms()),
+        }
+    }
+
+    fn ms(self) -> u64 {
+        match self {
+            Arrival::Appended(ms) | Arrival::Received(ms) => ms,
+        }
+    }
 }
 
 /// Counts published records against a plan of `n` records due at `due_of(i)`.
@@ -35,6 +64,8 @@ pub struct Tally {
     early: Vec<(u64, u64)>,
     lateness_ms: Vec<u64>,
     foreign: u64,
+    mangled: u64,
+    received_clock: bool,
 }
 
 /// The verdict.
@@ -48,12 +79,19 @@ pub struct Report {
     pub lost: u64,
     /// Extra copies received (at-least-once after a crash).
     pub duplicates: u64,
-    /// Records fired before their due time.
+    /// Records that reached the target before their planned due time.
     pub early: u64,
-    /// Fired minus due, over first copies: p50, p99, p99.9, max (ms).
+    /// Arrival minus planned due, over first copies: p50, p99, p99.9, max (ms).
     pub lateness_ms: [u64; 4],
     /// The first few lost record numbers.
     pub lost_sample: Vec<u64>,
+    /// The clock arrivals were judged by: `log-append-time` (the broker's, every record) or
+    /// `receipt` (the reader's, for at least one record).
+    pub arrival: &'static str,
+    /// Records of this run whose value names no planned record (a corrupted copy).
+    pub mangled: u64,
+    /// Records on the target that are not this run's (another producer's), not judged.
+    pub foreign: u64,
 }
 
 impl Tally {
@@ -67,6 +105,8 @@ impl Tally {
             early: Vec::new(),
             lateness_ms: Vec::with_capacity(n),
             foreign: 0,
+            mangled: 0,
+            received_clock: false,
         }
     }
 
@@ -75,45 +115,37 @@ impl Tally {
         format!("{}:{i}", self.run)
     }
 
-    /// Counts one published record; records of other runs are ignored.
-    pub fn observe(
-        &mut self,
-        value: Option<&[u8]>,
-        headers: Option<&rdkafka::message::BorrowedHeaders>,
-    ) {
-        let n = value
+    /// Counts one record read from the target, which reached it at `arrived`. Records of
+    /// other runs are counted as foreign; this run's with a value that names no planned
+    /// record as mangled.
+    pub fn observe(&mut self, value: Option<&[u8]>, arrived: Arrival) {
+        let Some(rest) = value
             .and_then(|v| std::str::from_utf8(v).ok())
             .and_then(|v| v.strip_prefix(&self.run))
             .and_then(|v| v.strip_prefix(':'))
-            .and_then(|v| v.parse::<usize>().ok())
-            .filter(|n| *n < self.due.len());
-        let Some(n) = n else {
+        else {
             self.foreign += 1;
             return;
         };
-        let header = |name: &str| -> Option<u64> {
-            headers?
-                .iter()
-                .find(|h| h.key == name)
-                .and_then(|h| h.value)
-                .and_then(|v| std::str::from_utf8(v).ok())
-                .and_then(|v| v.parse().ok())
-        };
-        let fired = header(names::FIRED_MS).unwrap_or(0);
-        self.record(n, fired);
+        match rest.parse::<usize>().ok().filter(|n| *n < self.due.len()) {
+            Some(n) => {
+                self.received_clock |= matches!(arrived, Arrival::Received(_));
+                self.record(n, arrived.ms());
+            }
+            None => self.mangled += 1,
+        }
     }
 
-    /// Counts record `n` fired at `fired_ms`.
-    pub fn record(&mut self, n: usize, fired_ms: u64) {
+    /// Counts record `n` arrived at `arrived_ms`.
+    pub fn record(&mut self, n: usize, arrived_ms: u64) {
         let due = self.due[n];
         let s = &mut self.seen[n];
         s.count += 1;
         if s.count == 1 {
-            s.first_fired_ms = fired_ms;
-            self.lateness_ms.push(fired_ms.saturating_sub(due));
+            self.lateness_ms.push(arrived_ms.saturating_sub(due));
         }
-        if fired_ms < due {
-            self.early.push((n as u64, due - fired_ms));
+        if arrived_ms < due {
+            self.early.push((n as u64, due - arrived_ms));
         }
     }
 
@@ -152,6 +184,13 @@ impl Tally {
                 late.last().copied().unwrap_or(0),
             ],
             lost_sample: lost.into_iter().take(10).collect(),
+            arrival: if self.received_clock {
+                "receipt"
+            } else {
+                "log-append-time"
+            },
+            mangled: self.mangled,
+            foreign: self.foreign,
         }
     }
 }
@@ -215,6 +254,10 @@ pub struct VerifyArgs {
     /// How long after the last due time to wait for stragglers.
     #[arg(long, default_value = "30s", value_parser = duration)]
     pub grace: Duration,
+    /// How long to keep reading once every record arrived (or the grace ended), for
+    /// duplicates that come late.
+    #[arg(long, default_value = "10s", value_parser = duration)]
+    pub settle: Duration,
     /// librdkafka property for both clients, KEY=VALUE (repeatable).
     #[arg(long = "kafka-config", value_parser = parse_kafka_prop)]
     pub kafka_config: Vec<KafkaProp>,
@@ -228,9 +271,12 @@ pub struct VerifyArgs {
 }
 
 impl Report {
-    /// Whether the run passed: nothing lost, nothing early, at most `max_duplicates`.
+    /// Whether the run passed: nothing lost, early or mangled, at most `max_duplicates`.
     pub fn passed(&self, max_duplicates: Option<u64>) -> bool {
-        self.lost == 0 && self.early == 0 && max_duplicates.is_none_or(|m| self.duplicates <= m)
+        self.lost == 0
+            && self.early == 0
+            && self.mangled == 0
+            && max_duplicates.is_none_or(|m| self.duplicates <= m)
     }
 }
 
@@ -245,9 +291,12 @@ pub async fn run(args: &VerifyArgs) -> Result<Report, VerifyError> {
     }
     let base = crate::kafka::client_config(&args.brokers, "kafka-delay-verify", &args.kafka_config);
     let consumer = target_reader(&base, &args.target)?;
+    // Idempotent: a retry of its own never writes a record twice, so every duplicate the
+    // report counts was made downstream.
     let producer: FutureProducer = base
         .clone()
         .set("linger.ms", "5")
+        .set("enable.idempotence", "true")
         .create()
         .map_err(fail("producer"))?;
     let start = now_ms() + lead;
@@ -261,7 +310,7 @@ pub async fn run(args: &VerifyArgs) -> Result<Report, VerifyError> {
     while !tally.complete() {
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, consumer.recv()).await {
-            Ok(Ok(m)) => tally.observe(m.payload(), m.headers()),
+            Ok(Ok(m)) => tally.observe(m.payload(), Arrival::of(&m)),
             // Kafka restarting, say: the consumer reconnects by itself.
             Ok(Err(e)) => {
                 tracing::warn!(error = %e, "consumer error; still reading");
@@ -270,15 +319,19 @@ pub async fn run(args: &VerifyArgs) -> Result<Report, VerifyError> {
             Err(_) => break,
         }
     }
-    // A little longer, to see duplicates that follow the last first copy.
-    let settle = Instant::now() + Duration::from_secs(2);
-    while let Ok(Ok(m)) = tokio::time::timeout(
+    // Longer, to see duplicates that follow the last first copy (a consumer error, such as
+    // Kafka restarting, does not end it).
+    let settle = Instant::now() + args.settle;
+    while let Ok(m) = tokio::time::timeout(
         settle.saturating_duration_since(Instant::now()),
         consumer.recv(),
     )
     .await
     {
-        tally.observe(m.payload(), m.headers());
+        match m {
+            Ok(m) => tally.observe(m.payload(), Arrival::of(&m)),
+            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+        }
     }
     Ok(tally.report())
 }
@@ -293,6 +346,7 @@ fn target_reader(base: &ClientConfig, target: &str) -> Result<StreamConsumer, Ve
     let consumer: StreamConsumer = base
         .clone()
         .set("group.id", "kafka-delay-verify")
+        .set("isolation.level", "read_committed")
         .set("enable.auto.commit", "false")
         .set("fetch.wait.max.ms", "50")
         .create()
@@ -399,8 +453,17 @@ mod tests {
         assert_eq!(r.lateness_ms, [0, 5, 5, 5]);
         assert!(r.to_string().contains("| 4 | 3 | 1 | 1 | 1 |"));
         assert_eq!(t.value(3), "r:3");
-        t.observe(Some(b"other:1"), None);
-        t.observe(Some(b"r:3"), None);
+        assert_eq!(r.arrival, "log-append-time");
+        t.observe(Some(b"other:1"), Arrival::Appended(500));
+        t.observe(Some(b"r:9"), Arrival::Appended(500));
+        t.observe(Some(b"r:x"), Arrival::Appended(500));
+        let r = t.report();
+        assert_eq!((r.foreign, r.mangled), (1, 2));
+        assert!(!r.passed(None), "a mangled record of the run fails it");
+        // Judged by the arrival the reader saw, whatever the record says of itself.
+        t.observe(Some(b"r:3"), Arrival::Received(350));
+        let r = t.report();
         assert!(t.complete());
+        assert_eq!((r.early, r.arrival), (2, "receipt"));
     }
 }

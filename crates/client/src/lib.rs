@@ -214,6 +214,7 @@ mod tests {
         Contract {
             source_pattern: regex::Regex::new(r"^delay\..+").unwrap(),
             target_allow: None,
+            routes: Vec::new(),
             allow_internal_targets: false,
             max_delay_ms: 86_400_000,
             max_record_bytes: 10_000,

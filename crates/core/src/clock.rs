@@ -99,6 +99,42 @@ impl Clock for OffsetClock {
     }
 }
 
+/// How long the tightest sample of a [`LowerBound`] is kept before a looser, newer one may
+/// replace it (the other clock may have been stepped back since).
+pub const KEEP_SAMPLE_US: u64 = 60_000_000;
+
+/// A lower bound on another clock's reading (the Kafka cluster's), learnt from that clock's
+/// stamps of events this process saw happen: an event stamped `stamp_ms` there and seen here
+/// at `seen_us` on a local monotonic clock happened before it was seen, so that clock read at
+/// least `stamp_ms` at `seen_us` and at least `stamp_ms + (now_us - seen_us)` at `now_us`.
+/// The tightest sample (the one seen soonest after it happened) of the last
+/// [`KEEP_SAMPLE_US`] is kept.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct LowerBound {
+    /// The other clock's reading minus the monotonic one, in microseconds, and when the
+    /// sample was taken.
+    best: Option<(i64, u64)>,
+}
+
+impl LowerBound {
+    /// Learns from an event stamped `stamp_ms` by the other clock, seen at `seen_us`.
+    pub fn sample(&mut self, stamp_ms: u64, seen_us: u64) {
+        let offset = (stamp_ms as i64).saturating_mul(1_000) - seen_us as i64;
+        let keep = self.best.is_some_and(|(best, taken)| {
+            best >= offset && seen_us.saturating_sub(taken) < KEEP_SAMPLE_US
+        });
+        if !keep {
+            self.best = Some((offset, seen_us));
+        }
+    }
+
+    /// The least the other clock reads at `now_us` (epoch microseconds), once sampled.
+    pub fn at(&self, now_us: u64) -> Option<u64> {
+        self.best
+            .map(|(offset, _)| (now_us as i64).saturating_add(offset).max(0) as u64)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -132,5 +168,25 @@ mod tests {
         let before = clock.now_ms();
         clock.set_offset_ms(-3_600_000);
         assert!(clock.now_ms() + 3_500_000 < before + 1_000);
+    }
+
+    #[test]
+    fn a_lower_bound_keeps_the_tightest_recent_sample_and_moves_with_the_monotonic_clock() {
+        let mut b = LowerBound::default();
+        assert_eq!(b.at(5), None);
+        // Stamped 1_000 ms there, seen at 10 us here: at least 1_000_000 us there at 10 us.
+        b.sample(1_000, 10);
+        assert_eq!(b.at(10), Some(1_000_000));
+        assert_eq!(b.at(2_010), Some(1_002_000));
+        // A sample seen later after its event (a slower acknowledgement) is looser: kept out.
+        b.sample(1_001, 5_000);
+        assert_eq!(b.at(5_000), Some(1_004_990));
+        // A tighter one replaces it.
+        b.sample(1_010, 9_000);
+        assert_eq!(b.at(9_000), Some(1_010_000));
+        // After KEEP_SAMPLE_US a looser one replaces it too (the other clock went back).
+        let later = 9_000 + KEEP_SAMPLE_US;
+        b.sample(1_000, later);
+        assert_eq!(b.at(later), Some(1_000_000));
     }
 }

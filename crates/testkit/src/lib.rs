@@ -93,6 +93,24 @@ impl Kafka {
     /// Creates a topic and returns its partition count (a broker without CreateTopics, such as
     /// the mock cluster in another process, auto-creates it with its own default count).
     pub async fn create_topic(&self, name: &str, partitions: i32) -> i32 {
+        self.create_topic_with(name, partitions, &[]).await
+    }
+
+    /// A target whose records carry the time Kafka appended them
+    /// (`message.timestamp.type=LogAppendTime`): a checker judges arrivals by Kafka's clock,
+    /// not by anything the writer says (the mock cluster ignores the setting).
+    pub async fn create_target_topic(&self, name: &str, partitions: i32) -> i32 {
+        let config = [("message.timestamp.type", "LogAppendTime")];
+        self.create_topic_with(name, partitions, &config).await
+    }
+
+    /// [`Kafka::create_topic`] with topic `config` (on Apache Kafka).
+    pub async fn create_topic_with(
+        &self,
+        name: &str,
+        partitions: i32,
+        config: &[(&str, &str)],
+    ) -> i32 {
         match self {
             Kafka::Mock(e) => {
                 e.create_topic(name, partitions).expect("create topic");
@@ -103,7 +121,10 @@ impl Kafka {
                     .set("bootstrap.servers", b)
                     .create()
                     .expect("admin");
-                let t = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+                let mut t = NewTopic::new(name, partitions, TopicReplication::Fixed(1));
+                for (k, v) in config {
+                    t = t.set(k, v);
+                }
                 let opts = AdminOptions::new()
                     .operation_timeout(Some(Duration::from_secs(10)))
                     .request_timeout(Some(Duration::from_secs(5)));

@@ -112,6 +112,52 @@ pub struct BulkResult {
     pub elsewhere: Option<Elsewhere>,
 }
 
+/// A member asked by a request across the group (`/api/v1/group/...`), and what it said.
+#[derive(Debug, Clone, Serialize)]
+pub struct Answered {
+    /// Its advertised HTTP address (null: this instance, alone in its group, or a member
+    /// that advertises none).
+    pub http: Option<String>,
+    /// Its `client.id` (null when alone in its group).
+    pub client_id: Option<String>,
+    /// Whether it answered.
+    pub answered: bool,
+    /// Why not, when it did not.
+    pub error: Option<String>,
+    /// Its answer, where the request shows one per member (a bulk action's counts).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+}
+
+/// A page of the group's pending records, from every member, in due order.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupListing {
+    /// The records (each a listing's record with `served_by`, the member holding it).
+    pub records: Vec<Value>,
+    /// Where the next page starts, for every member at once; null on the last.
+    pub next_cursor: Option<String>,
+    /// Some member did not answer: its records are not on this page (the cursor keeps its
+    /// place).
+    pub partial: bool,
+    /// The members asked.
+    pub members: Vec<Answered>,
+}
+
+/// What a bulk action did across the group.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupBulk {
+    /// Records it matched, over the members that answered.
+    pub matched: u64,
+    /// Records it changed, over the members that answered.
+    pub changed: u64,
+    /// Some member has more matching records: repeat the request.
+    pub more: bool,
+    /// Some member did not answer: the action was not applied there; repeat it.
+    pub partial: bool,
+    /// Each member and what it did (`result`: its `matched`, `changed`, `more`).
+    pub members: Vec<Answered>,
+}
+
 /// The record a cancel took out.
 #[derive(Debug, Clone, Serialize)]
 pub struct Cancelled {

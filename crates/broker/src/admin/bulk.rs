@@ -7,7 +7,7 @@ use axum::Json;
 use serde::Deserialize;
 
 use super::answers::{value, BulkResult};
-use super::records::{elsewhere, select, Filter, When};
+use super::records::{elsewhere, select, time_bound, Filter, When};
 use super::{bad, internal, Admin, ApiError, ApiResult, MAX_BULK};
 use kafka_delay_core::id::RecordId;
 
@@ -15,9 +15,9 @@ use kafka_delay_core::id::RecordId;
 #[derive(Debug, Deserialize)]
 pub(super) struct Bulk {
     #[serde(flatten)]
-    filter: Filter,
+    pub(super) filter: Filter,
     #[serde(flatten)]
-    when: When,
+    pub(super) when: When,
 }
 
 /// Records changed per store call: one lock and one write batch (with `--sync` one fsync) for
@@ -31,6 +31,25 @@ pub(super) fn bulk(
     f: &Filter,
     mut act: impl FnMut(&[RecordId]) -> Result<usize, ApiError>,
 ) -> ApiResult {
+    check(f)?;
+    let limit = f.limit.unwrap_or(MAX_BULK).clamp(1, MAX_BULK);
+    let (rows, next) = select(&a.store, f, limit, usize::MAX)?;
+    let ids: Vec<RecordId> = rows.iter().map(|(_, rid, _)| *rid).collect();
+    let mut changed = 0;
+    for batch in ids.chunks(BATCH) {
+        changed += act(batch)?;
+    }
+    Ok(Json(value(&BulkResult {
+        matched: rows.len(),
+        changed,
+        more: next.is_some(),
+        elsewhere: None,
+    })))
+}
+
+/// Refuses a bulk filter that names nothing (without `all`), carries a cursor, or has a time
+/// that is not one.
+pub(super) fn check(f: &Filter) -> Result<(), ApiError> {
     if f.target.is_none()
         && f.due_from.is_none()
         && f.due_to.is_none()
@@ -47,19 +66,9 @@ pub(super) fn bulk(
             "bulk actions take no cursor: repeat the request while more is true",
         ));
     }
-    let limit = f.limit.unwrap_or(MAX_BULK).clamp(1, MAX_BULK);
-    let (rows, next) = select(&a.store, f, limit, usize::MAX)?;
-    let ids: Vec<RecordId> = rows.iter().map(|(_, rid, _)| *rid).collect();
-    let mut changed = 0;
-    for batch in ids.chunks(BATCH) {
-        changed += act(batch)?;
-    }
-    Ok(Json(value(&BulkResult {
-        matched: rows.len(),
-        changed,
-        more: next.is_some(),
-        elsewhere: None,
-    })))
+    time_bound("due_from", &f.due_from)?;
+    time_bound("due_to", &f.due_to)?;
+    Ok(())
 }
 
 pub(super) fn bulk_what(f: &Filter) -> String {

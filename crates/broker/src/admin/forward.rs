@@ -163,7 +163,7 @@ pub(super) async fn forward(
 }
 
 /// One HTTP/1.1 request to `addr`, with the caller's authorization; its status and JSON body.
-async fn send(
+pub(in crate::admin) async fn send(
     addr: &str,
     method: Method,
     path: &str,

@@ -16,6 +16,7 @@ pub mod answers;
 mod bulk;
 pub mod console;
 mod forward;
+mod group;
 mod guard;
 mod records;
 
@@ -40,7 +41,7 @@ use kafka_delay_core::clock::Clock;
 use kafka_delay_core::id::RecordId;
 
 /// Routes of the API, as (method, path) in the OpenAPI document's notation.
-pub const ROUTES: [(&str, &str); 9] = [
+pub const ROUTES: [(&str, &str); 13] = [
     ("get", "/api/v1/owners"),
     ("get", "/api/v1/pending"),
     ("get", "/api/v1/pending/{id}"),
@@ -50,6 +51,10 @@ pub const ROUTES: [(&str, &str); 9] = [
     ("post", "/api/v1/bulk/cancel"),
     ("post", "/api/v1/bulk/reschedule"),
     ("post", "/api/v1/bulk/fire"),
+    ("get", "/api/v1/group/pending"),
+    ("post", "/api/v1/group/bulk/cancel"),
+    ("post", "/api/v1/group/bulk/reschedule"),
+    ("post", "/api/v1/group/bulk/fire"),
 ];
 
 /// Actions counted in `kafka_delay_admin_requests_total`.
@@ -157,6 +162,8 @@ pub fn router(admin: Admin) -> Router {
         .route("/api/v1/bulk/cancel", post(bulk_cancel))
         .route("/api/v1/bulk/reschedule", post(bulk_reschedule))
         .route("/api/v1/bulk/fire", post(bulk_fire))
+        .route("/api/v1/group/pending", get(group::pending))
+        .route("/api/v1/group/bulk/{action}", post(group::bulk))
         .with_state(admin.clone())
         .merge(console::router(admin))
 }

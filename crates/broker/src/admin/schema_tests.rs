@@ -5,8 +5,8 @@
 use serde_json::{json, Value};
 
 use super::answers::{
-    value, BulkResult, Cancelled, Elsewhere, HeaderText, Listing, Member, Moved, Owners, Problem,
-    Record, Source, Summary,
+    value, Answered, BulkResult, Cancelled, Elsewhere, GroupBulk, GroupListing, HeaderText,
+    Listing, Member, Moved, Owners, Problem, Record, Source, Summary,
 };
 use crate::changelog::owners::Owner;
 
@@ -212,12 +212,63 @@ fn every_answer_of_the_admin_api_is_the_shape_the_openapi_document_gives() {
         this: Some("10.0.0.1:8080".into()),
         owners: vec![Owner {
             http: None,
+            mode: None,
             client_id: "rdkafka".into(),
             host: "/10.0.0.3".into(),
             partitions: vec![("delay.orders".into(), 2)],
         }],
     };
     assert_fits("get", "/api/v1/owners", &value(&owners));
+    // Across the group: one member answered, one did not.
+    let members = |result: Option<Value>| {
+        vec![
+            Answered {
+                http: Some("10.0.0.1:8080".into()),
+                client_id: Some("10.0.0.1:8080".into()),
+                answered: true,
+                error: None,
+                result,
+            },
+            Answered {
+                http: Some("10.0.0.2:8080".into()),
+                client_id: Some("10.0.0.2:8080".into()),
+                answered: false,
+                error: Some("10.0.0.2:8080 did not answer: connection refused".into()),
+                result: None,
+            },
+        ]
+    };
+    let mut served = value(&summary());
+    served["served_by"] = json!("10.0.0.1:8080");
+    for next_cursor in [Some("7b7d".to_owned()), None] {
+        let page = GroupListing {
+            records: vec![served.clone()],
+            next_cursor,
+            partial: true,
+            members: members(None),
+        };
+        assert_fits("get", "/api/v1/group/pending", &value(&page));
+    }
+    for route in ["cancel", "reschedule", "fire"] {
+        let one = BulkResult {
+            matched: 3,
+            changed: 3,
+            more: false,
+            elsewhere: None,
+        };
+        let bulk = GroupBulk {
+            matched: 3,
+            changed: 3,
+            more: false,
+            partial: true,
+            members: members(Some(value(&one))),
+        };
+        assert_fits(
+            "post",
+            &format!("/api/v1/group/bulk/{route}"),
+            &value(&bulk),
+        );
+    }
     // Every error answer, whatever the route.
     let doc = doc();
     let problem = value(&Problem {
@@ -258,26 +309,16 @@ fn the_check_refuses_what_the_document_does_not_give() {
 #[test]
 fn every_answer_of_the_console_api_is_the_shape_the_openapi_document_gives() {
     use super::console::answers::{
-        DeadLetter, DeadLetterTopics, DeadLetters, DuePending, FiredRecords, Held, Instance,
-        Lateness, Overview, Partition, Replays, Started, TargetPending,
+        Counts, DeadLetter, DeadLetterTopics, DeadLetters, DuePending, FiredRecords, GroupOverview,
+        Held, Instance, Lateness, Member, Moving, Overview, Partition, Replays, Started,
+        TargetPending,
     };
     use super::console::dead_letters::Topic;
     use super::console::minutes::Minute;
     use super::console::replays::Job;
     use crate::publish::history::Fired;
 
-    let overview = |lateness: Option<f64>| Overview {
-        now_ms: 1_700_000_000_000,
-        instance: Instance {
-            id: lateness.map(|_| "kd-0".to_owned()),
-            group: "kafka-delay".into(),
-            http: "10.0.0.1:9464".into(),
-            version: env!("CARGO_PKG_VERSION"),
-            owned_partitions: vec![Partition {
-                topic: "delay.orders".into(),
-                partition: 0,
-            }],
-        },
+    let counts = Counts {
         pending: 3,
         by_target: vec![TargetPending {
             target: "orders".into(),
@@ -292,22 +333,73 @@ fn every_answer_of_the_console_api_is_the_shape_the_openapi_document_gives() {
             target: "orders".into(),
             held: 2.0,
         }],
+        fired_total: 4,
+        dead_lettered_total: 1,
+    };
+    let overview = |lateness: Option<f64>| Overview {
+        now_ms: 1_700_000_000_000,
+        instance: Instance {
+            id: lateness.map(|_| "kd-0".to_owned()),
+            group: "kafka-delay".into(),
+            http: "10.0.0.1:9464".into(),
+            version: env!("CARGO_PKG_VERSION"),
+            owned_partitions: vec![Partition {
+                topic: "delay.orders".into(),
+                partition: 0,
+            }],
+        },
+        counts: counts.clone(),
         per_minute: vec![Minute {
             minute_ms: 1_699_999_980_000,
             fired: 4,
             dead_lettered: 1,
         }],
-        fired_total: 4,
-        dead_lettered_total: 1,
         lateness_ms: Lateness {
             fire_p50: lateness,
             fire_p99: lateness,
             delivery_p50: lateness,
             delivery_p99: lateness,
         },
+        moving: Moving {
+            partitions_restoring: 1,
+            restore_remaining_entries: 1_200,
+            partitions_standby: 2,
+            standby_records: 40,
+            standby_lag_entries: 3,
+        },
     };
     assert_fits("get", "/api/v1/overview", &value(&overview(None)));
     assert_fits("get", "/api/v1/overview", &value(&overview(Some(5.0))));
+    // The group's: a member that answered, one that did not, one that is not kafka-delay.
+    let member = |answered: bool, http: Option<&str>| Member {
+        http: http.map(str::to_owned),
+        client_id: Some("kafka-delay/changelog@10.0.0.1:9464".into()),
+        mode: http.map(|_| "changelog".to_owned()),
+        partitions: vec![Partition {
+            topic: "delay.orders".into(),
+            partition: 0,
+        }],
+        answered,
+        error: (!answered).then(|| "10.0.0.2:9464 did not answer: no answer within 5 s".into()),
+        overview: answered.then(|| value(&overview(Some(5.0)))),
+    };
+    let group = GroupOverview {
+        now_ms: 1_700_000_000_000,
+        group: "kafka-delay".into(),
+        asked: "10.0.0.1:9464".into(),
+        partial: true,
+        wait_ms: 5_000,
+        counts: Counts {
+            held: vec![],
+            ..counts.clone()
+        },
+        members: vec![
+            member(true, Some("10.0.0.1:9464")),
+            member(false, Some("10.0.0.2:9464")),
+            member(false, None),
+        ],
+    };
+    assert_fits("get", "/api/v1/group/overview", &value(&group));
     let fired = FiredRecords {
         records: vec![Fired {
             id: 0x2a0,

@@ -20,6 +20,7 @@ use crate::durability::{Context, Durability, DurabilityError, Prepared};
 use crate::http::{self, Health};
 use crate::ingest::{self, Durable, Ingest, IngestContext};
 use crate::kafka::{self, KafkaSetupError};
+use crate::kafka_clock::HeldBack;
 use crate::metrics::{Labels, Metrics};
 use crate::publish::history::History;
 use crate::publish::reports::{publish_producer, PublishProducer, Reports};
@@ -88,7 +89,8 @@ async fn request_producer_ids(
 struct Shared {
     store: Arc<Store>,
     metrics: Metrics,
-    clock: Arc<dyn Clock>,
+    /// The wall clock held back to the Kafka cluster's: every part's time.
+    clock: Arc<HeldBack>,
     health: Health,
     /// New timers for the scheduler (new records, retries, operators' moves).
     inserts: Inserts,
@@ -113,17 +115,15 @@ pub async fn start(
     let history = History::default();
     let (prepared, shared, http, http_addr) = prepare(
         &config,
-        (store, metrics, clock, health, inserts),
+        (store, metrics, HeldBack::learning(clock), health, inserts),
         (&registry, history.clone()),
         stop_rest_rx.clone(),
     )
     .await?;
-    info!(%http_addr, data_dir = %config.store.data_dir.display(), brokers = %config.kafka.brokers,
-          kafka_config = ?config.kafka.properties, mode = prepared.name(), "kafka-delay starting");
 
     let producer = kafka::producer(&config)?;
     kafka::ensure_dead_letter_topic(&config, &producer).await?;
-    prepared.check_topics().await?;
+    prepared.check_cluster().await?;
     let (consumer, durability) =
         start_durability(&config, &shared, prepared, stop_ingest_rx.clone()).await?;
     // The counts by target and due time were restored when the store was opened; the wheel
@@ -141,12 +141,13 @@ pub async fn start(
         start_publishing(&config, &shared, publishing, due_rx, stop_rest_rx).await?;
 
     wait_armed(&config, &shared, &mut armed, recovered).await;
+    let (broken_tx, broken) = watch::channel(None);
     let ingest = start_ingest(
         &config,
         &shared,
         (producer, ingest_producer),
         (consumer, durability.ingest.clone()),
-        stop_ingest_rx,
+        (stop_ingest_rx, broken_tx),
     )
     .await?;
     shared.health.ready.store(true, Ordering::Relaxed);
@@ -156,6 +157,7 @@ pub async fn start(
         stop_ingest,
         stop_rest,
         ingest,
+        broken,
         scheduler,
         publisher,
         http,
@@ -197,13 +199,7 @@ async fn start_durability(
 /// metrics, admin): what needs the address before the Kafka clients are made.
 async fn prepare(
     config: &Config,
-    (store, metrics, clock, health, inserts): (
-        Arc<Store>,
-        Metrics,
-        Arc<dyn Clock>,
-        Health,
-        Inserts,
-    ),
+    (store, metrics, clock, health, inserts): (Arc<Store>, Metrics, Arc<HeldBack>, Health, Inserts),
     (registry, history): (&Registry, History),
     stop: watch::Receiver<bool>,
 ) -> Result<(Prepared, Shared, JoinHandle<()>, SocketAddr), StartError> {
@@ -214,12 +210,12 @@ async fn prepare(
                 addr: config.http.addr,
                 source,
             })?;
-    let prepared = Prepared::new(
-        config,
-        store.clone(),
-        metrics.clone(),
-        http::advertised(config.http.advertised.as_deref(), http_addr),
-    )?;
+    // Said before the cluster is asked anything: a cluster that does not answer shows here.
+    info!(%http_addr, data_dir = %config.store.data_dir.display(), brokers = %config.kafka.brokers,
+          kafka_config = ?config.kafka.properties, "kafka-delay starting");
+    let advertised = http::advertised(config.http.advertised.as_deref(), http_addr);
+    let parts = (store.clone(), metrics.clone(), clock.kafka().clone());
+    let prepared = Prepared::new(config, parts, advertised).await?;
     let shared = Shared {
         store,
         metrics,
@@ -346,6 +342,7 @@ fn start_http(
         Arc::new(move || {
             let healthy = health.store_healthy.load(Ordering::Relaxed);
             metrics.refresh_from_store(&store, clock.now_ms(), healthy);
+            (metrics.broker.clock_ahead).set(clock.ahead_us() as f64 / 1e6);
         })
     };
     let console = admin::console::Console::new(config, history);
@@ -461,7 +458,7 @@ async fn start_ingest(
     shared: &Shared,
     (producer, ingest_producer): (FutureProducer, FutureProducer),
     (consumer, durability): (Arc<StreamConsumer<IngestContext>>, Arc<dyn Durable>),
-    stop: watch::Receiver<bool>,
+    (stop, broken): (watch::Receiver<bool>, watch::Sender<Option<ingest::Broken>>),
 ) -> Result<JoinHandle<()>, StartError> {
     let next_offsets = {
         let d = durability.clone();
@@ -495,6 +492,7 @@ async fn start_ingest(
         store_healthy: shared.health.store_healthy.clone(),
         dead_letter_topics: ingest::TopicCreator::new(Arc::new(config.clone()), producer),
         stopping: None,
+        broken,
     };
     Ok(tokio::spawn(coverage.alongside(ingest.run(stop))))
 }

@@ -10,6 +10,7 @@ use tracing::{info, warn};
 
 use crate::durability::Durability;
 use crate::http::Health;
+use crate::ingest::Broken;
 use crate::metrics::Metrics;
 use crate::store::Store;
 
@@ -19,6 +20,7 @@ pub struct Running {
     pub(super) stop_ingest: watch::Sender<bool>,
     pub(super) stop_rest: watch::Sender<bool>,
     pub(super) ingest: JoinHandle<()>,
+    pub(super) broken: watch::Receiver<Option<Broken>>,
     pub(super) scheduler: std::thread::JoinHandle<()>,
     pub(super) publisher: JoinHandle<()>,
     pub(super) http: JoinHandle<()>,
@@ -45,9 +47,23 @@ impl Running {
         &self.store
     }
 
+    /// Returns once the Kafka consumer has failed for good (never, while it works): ingest
+    /// has ended, and only a [`Running::shutdown`] and a new start bring the instance back.
+    pub async fn broken(&self) -> Broken {
+        let mut rx = self.broken.clone();
+        let broken = rx.wait_for(Option::is_some).await.map(|b| b.clone());
+        match broken {
+            Ok(Some(b)) => b,
+            // The sender lives in the ingest task until it ends.
+            _ => std::future::pending().await,
+        }
+    }
+
     /// Stops consuming (committing offsets), stops the scheduler, finishes the deliveries in
-    /// flight, flushes the producer and closes RocksDB cleanly.
-    pub async fn shutdown(self) {
+    /// flight, flushes the producer and closes RocksDB cleanly. Returns whether RocksDB was
+    /// closed: false when a part still held it after 30 s (an HTTP request
+    /// that does not end, say), in which case only the process's exit closes it.
+    pub async fn shutdown(self) -> bool {
         info!("shutting down: stopping ingest");
         self.health.ready.store(false, Ordering::Relaxed);
         self.durability.stopping();
@@ -63,6 +79,11 @@ impl Running {
             .await;
         let _ = self.http.await;
         let store = self.store;
+        let released = std::time::Instant::now() + STORE_RELEASE_WAIT;
+        while Arc::strong_count(&store) > 1 && std::time::Instant::now() < released {
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+        let closed = Arc::strong_count(&store) == 1;
         let flushed = tokio::task::spawn_blocking(move || {
             let r = store.flush();
             drop(store);
@@ -70,10 +91,16 @@ impl Running {
         })
         .await;
         match flushed {
-            Ok(Ok(())) => info!("RocksDB closed; stopped"),
+            Ok(Ok(())) if closed => info!("RocksDB closed; stopped"),
+            Ok(Ok(())) => warn!("RocksDB flushed but still held by a part of the instance"),
             other => {
                 warn!(result = ?other.map(|r| r.map_err(|e| e.to_string())), "RocksDB flush at shutdown failed")
             }
         }
+        closed
     }
 }
+
+/// How long a shutdown waits for the parts that hold RocksDB (tasks that end on the stop
+/// signal) to let it go.
+const STORE_RELEASE_WAIT: std::time::Duration = std::time::Duration::from_secs(30);

@@ -16,6 +16,7 @@
 //! task ([`takeover::Takeover`]) and, with standby replicas, the standby pass
 //! ([`standby::Standbys`]). What the admin API asks of the group is [`operate::Operators`]'s.
 
+pub mod adopt;
 pub mod handoff;
 pub mod moving;
 pub mod operate;
@@ -26,6 +27,7 @@ pub mod takeover;
 pub mod topics;
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::error::KafkaError;
@@ -34,9 +36,10 @@ use tracing::warn;
 
 use crate::config::Config;
 use crate::kafka::{base_config, KafkaSetupError};
+use crate::kafka_clock::KafkaClock;
 use crate::store::{Applied, IngestOp, Store};
 use kafka_delay_core::changelog::Entry;
-use kafka_delay_core::id::{Pid, RecordId};
+use kafka_delay_core::id::{Pid, RecordId, MAX_OFFSET};
 
 /// Why a step of moving partitions between instances failed; each names what it was doing.
 #[derive(Debug, thiserror::Error)]
@@ -92,6 +95,8 @@ pub enum GroupError {
 pub struct Changelog {
     producer: FutureProducer,
     group: String,
+    /// Learns the cluster's clock from the acknowledgements' append times.
+    kafka_clock: Arc<KafkaClock>,
 }
 
 impl std::fmt::Debug for Changelog {
@@ -106,11 +111,12 @@ impl std::fmt::Debug for Changelog {
 const ACK_WAIT: Duration = Duration::from_secs(30);
 
 impl Changelog {
-    /// The changelog's idempotent producer (acks from every in-sync replica, no reordering).
+    /// The changelog's idempotent producer (acks from every in-sync replica, no reordering);
+    /// its acknowledgements teach `kafka_clock` the cluster's clock.
     ///
     /// # Errors
     /// [`KafkaSetupError::Client`] for an invalid property.
-    pub fn new(config: &Config) -> Result<Self, KafkaSetupError> {
+    pub fn new(config: &Config, kafka_clock: Arc<KafkaClock>) -> Result<Self, KafkaSetupError> {
         let mut c = base_config(config);
         c.set("enable.idempotence", "true")
             .set("acks", "all")
@@ -125,6 +131,7 @@ impl Changelog {
         Ok(Self {
             producer,
             group: config.kafka.group_id.clone(),
+            kafka_clock,
         })
     }
 
@@ -169,7 +176,10 @@ impl Changelog {
         let mut next = -1;
         for ack in acks {
             match ack.await {
-                Ok(Ok(delivery)) => next = next.max(delivery.offset + 1),
+                Ok(Ok(delivery)) => {
+                    self.kafka_clock.acknowledged(&topic, delivery.timestamp);
+                    next = next.max(delivery.offset + 1);
+                }
                 Ok(Err((e, _))) => return Err(e),
                 Err(_) => return Err(KafkaError::Canceled),
             }
@@ -177,15 +187,38 @@ impl Changelog {
         Ok(next)
     }
 
+    /// Writes an entry that changes nothing (the tombstone of a source offset no partition
+    /// reaches) to the changelog of `source`/`partition` and waits for it: its acknowledgement
+    /// says what the cluster's clock reads, before the partition fires here.
+    ///
+    /// # Errors
+    /// Kafka did not take it.
+    pub async fn probe(&self, source: &str, partition: i32) -> Result<(), KafkaError> {
+        (self
+            .write(source, partition, &[Entry::Gone(MAX_OFFSET)])
+            .await)
+            .map(drop)
+    }
+
     /// Writes `entries` without waiting for Kafka: a failure is logged (the records it names
     /// may fire again after a restore; they are never lost).
     pub async fn write_later(&self, source: &str, partition: i32, entries: &[Entry<'_>]) {
         let topic = self.topic_of(source);
+        let mut last = None;
         for e in entries {
             match self.send(&topic, partition, e).await {
-                Ok(ack) => drop(ack),
+                Ok(ack) => last = Some(ack),
                 Err(e) => warn!(%topic, partition, error = %e, "changelog write failed"),
             }
+        }
+        // The last acknowledgement, when it comes, keeps the cluster's clock fresh.
+        if let Some(ack) = last {
+            let clock = self.kafka_clock.clone();
+            tokio::spawn(async move {
+                if let Ok(Ok(delivery)) = ack.await {
+                    clock.acknowledged(&topic, delivery.timestamp);
+                }
+            });
         }
     }
 
@@ -240,6 +273,11 @@ impl Changelog {
     /// Some were not acknowledged in time.
     pub fn flush(&self, wait: Duration) -> Result<(), KafkaError> {
         self.producer.flush(wait)
+    }
+
+    /// The cluster's clock as the acknowledgements of changelog writes teach it.
+    pub fn kafka_clock(&self) -> &Arc<KafkaClock> {
+        &self.kafka_clock
     }
 
     /// The producer, for its first id request at start.

@@ -1,6 +1,7 @@
 //! Who owns which source partition, as the group coordinator says: every member of the group,
-//! its advertised HTTP address (carried in its ingest consumer's `client.id`) and its
-//! partitions. Any instance can answer it, so the admin API can point at a record's owner.
+//! its mode and advertised HTTP address (carried in its ingest consumer's `client.id`,
+//! `kafka-delay/<mode>@<address>`) and its partitions. Any instance can answer it, so the admin
+//! API can point at a record's owner.
 
 use std::time::Duration;
 
@@ -9,15 +10,43 @@ use serde::Serialize;
 
 use super::GroupError;
 
-/// The `client.id` prefix of an ingest consumer with a changelog; the advertised HTTP address
-/// follows it.
-pub const CLIENT_ID_PREFIX: &str = "kafka-delay@";
+/// The `client.id` prefix of an ingest consumer: its mode, `@` and its advertised HTTP address
+/// follow.
+pub const CLIENT_ID_PREFIX: &str = "kafka-delay/";
+
+/// The `client.id` prefix of an earlier version's ingest consumer with a changelog (it named no
+/// mode); the advertised HTTP address follows it.
+pub const LEGACY_CLIENT_ID_PREFIX: &str = "kafka-delay@";
+
+/// The ingest consumer's `client.id` of an instance running `mode`, reached at `advertised`.
+pub fn client_id(mode: &str, advertised: &str) -> String {
+    format!("{CLIENT_ID_PREFIX}{mode}@{advertised}")
+}
+
+/// The mode a member's `client.id` names, if it is a kafka-delay instance's that names one.
+pub fn mode_of(client_id: &str) -> Option<&str> {
+    client_id
+        .strip_prefix(CLIENT_ID_PREFIX)
+        .and_then(|rest| rest.split_once('@'))
+        .map(|(mode, _)| mode)
+}
+
+/// The advertised HTTP address a member's `client.id` carries.
+fn http_of(client_id: &str) -> Option<&str> {
+    match client_id.strip_prefix(CLIENT_ID_PREFIX) {
+        Some(rest) => rest.split_once('@').map(|(_, http)| http),
+        None => client_id.strip_prefix(LEGACY_CLIENT_ID_PREFIX),
+    }
+}
 
 /// One member of the group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct Owner {
     /// Its HTTP address, as it advertises it (`None` for a member that is not kafka-delay).
     pub http: Option<String>,
+    /// Its durability mode (`local`, `changelog`, `exactly-once`; `None` for a member that
+    /// does not say).
+    pub mode: Option<String>,
     /// Its `client.id`.
     pub client_id: String,
     /// The host the coordinator sees it connect from.
@@ -33,6 +62,27 @@ pub struct Group {
     pub stable: bool,
     /// Its members, sorted by `client.id`.
     pub owners: Vec<Owner>,
+    /// Its members' ids, `client.id`s and hosts, in the coordinator's order.
+    pub members: Vec<Peer>,
+}
+
+/// A member of a group as the coordinator names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Peer {
+    /// Its member id (a static member's begins with its `group.instance.id` and a dash).
+    pub member_id: String,
+    /// Its `client.id`.
+    pub client_id: String,
+    /// The host the coordinator sees it connect from.
+    pub host: String,
+}
+
+/// The members of `group`, as the coordinator names them. Blocking.
+///
+/// # Errors
+/// The coordinator did not answer, or an assignment could not be read.
+pub fn members<C: ClientContext>(client: &Client<C>, group: &str) -> Result<Vec<Peer>, GroupError> {
+    describe(client, group).map(|g| g.members)
 }
 
 /// The members of `group` and their partitions. Blocking.
@@ -55,6 +105,7 @@ pub fn describe<C: ClientContext>(client: &Client<C>, group: &str) -> Result<Gro
             source,
         })?;
     let mut out = Vec::new();
+    let mut members = Vec::new();
     let mut stable = false;
     for g in list.groups().iter().filter(|g| g.name() == group) {
         stable = g.state() == "Stable";
@@ -65,11 +116,14 @@ pub fn describe<C: ClientContext>(client: &Client<C>, group: &str) -> Result<Gro
                 .transpose()?
                 .unwrap_or_default();
             partitions.sort();
+            members.push(Peer {
+                member_id: m.id().to_owned(),
+                client_id: m.client_id().to_owned(),
+                host: m.client_host().to_owned(),
+            });
             out.push(Owner {
-                http: m
-                    .client_id()
-                    .strip_prefix(CLIENT_ID_PREFIX)
-                    .map(str::to_owned),
+                http: http_of(m.client_id()).map(str::to_owned),
+                mode: mode_of(m.client_id()).map(str::to_owned),
                 client_id: m.client_id().to_owned(),
                 host: m.client_host().to_owned(),
                 partitions,
@@ -80,6 +134,7 @@ pub fn describe<C: ClientContext>(client: &Client<C>, group: &str) -> Result<Gro
     Ok(Group {
         stable,
         owners: out,
+        members,
     })
 }
 
@@ -124,6 +179,17 @@ impl<'a> Reader<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_members_client_id_names_its_mode_and_address() {
+        let id = client_id("exactly-once", "10.0.0.1:8080");
+        assert_eq!(id, "kafka-delay/exactly-once@10.0.0.1:8080");
+        assert_eq!(mode_of(&id), Some("exactly-once"));
+        assert_eq!(http_of(&id), Some("10.0.0.1:8080"));
+        assert_eq!(mode_of("kafka-delay@10.0.0.1:8080"), None);
+        assert_eq!(http_of("kafka-delay@10.0.0.1:8080"), Some("10.0.0.1:8080"));
+        assert_eq!((mode_of("rdkafka"), http_of("rdkafka")), (None, None));
+    }
 
     #[test]
     fn an_assignment_reads_as_its_topics_and_partitions() {

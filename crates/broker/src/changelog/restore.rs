@@ -163,7 +163,7 @@ fn restore_consumer(
     isolation: &str,
 ) -> Result<BaseConsumer, RestoreError> {
     let mut c = base_config(config);
-    c.set("group.id", format!("{}-restore", config.kafka.group_id))
+    c.set("group.id", config.kafka.restore_group())
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
         .set("isolation.level", isolation)

@@ -27,7 +27,7 @@ use std::time::Duration;
 use tracing::{info, warn};
 
 use super::moving::{lock, Moving};
-use super::owners::{self, Owner, CLIENT_ID_PREFIX};
+use super::owners::{self, Owner};
 use super::restore::{self, Outcome, Part};
 use super::GroupError;
 use kafka_delay_core::id::Pid;
@@ -93,11 +93,12 @@ pub struct Standbys {
 }
 
 impl Standbys {
-    /// The copies kept by the instance whose HTTP server is reached at `advertised`.
-    pub fn new(moving: Arc<Moving>, advertised: &str) -> Self {
+    /// The copies kept by the instance whose ingest consumer's `client.id` is `me`
+    /// ([`owners::client_id`]).
+    pub fn new(moving: Arc<Moving>, me: String) -> Self {
         Self {
             moving,
-            me: format!("{CLIENT_ID_PREFIX}{advertised}"),
+            me,
             warm: Mutex::default(),
         }
     }
@@ -213,7 +214,7 @@ impl Standbys {
             match warm.get_mut(&part.pid) {
                 Some(n) => *n = n.saturating_add_signed(o.delta),
                 None => {
-                    let n = self.moving.store.count_partition(part.pid).unwrap_or(0);
+                    let n = self.moving.store.count_copy(part.pid).unwrap_or(0);
                     warm.insert(part.pid, n);
                     info!(topic = %part.topic, partition = part.partition, records = n,
                           entries = o.entries, "standby copy of a partition owned elsewhere is warm");
@@ -230,18 +231,20 @@ impl Standbys {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::changelog::owners::client_id;
 
     fn member(name: &str, partitions: std::ops::Range<i32>) -> Owner {
         Owner {
             http: Some(name.to_owned()),
-            client_id: format!("{CLIENT_ID_PREFIX}{name}"),
+            mode: Some("changelog".to_owned()),
+            client_id: client_id("changelog", name),
             host: "/127.0.0.1".into(),
             partitions: partitions.map(|p| ("delay.a".to_owned(), p)).collect(),
         }
     }
 
     fn id(name: &str) -> String {
-        format!("{CLIENT_ID_PREFIX}{name}")
+        client_id("changelog", name)
     }
 
     /// How many copies each partition has, over every member's view.

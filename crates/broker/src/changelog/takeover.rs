@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{Consumer, ConsumerContext, StreamConsumer};
 use rdkafka::{Offset, TopicPartitionList};
-use tracing::{error, info};
+use tracing::{error, info, warn};
 
 use super::handoff::{Event, Events};
 use super::moving::{lock, Moving};
@@ -181,6 +181,13 @@ impl Takeover {
     ) {
         let m = &self.moving;
         m.metrics.broker.restored_entries.inc_by(outcome.entries);
+        // Nothing fires here before an acknowledgement said what the cluster's clock reads.
+        // Asked while the partition is still restoring: one neither restoring nor owned here
+        // has its local state dropped as owned elsewhere.
+        if let Err(e) = m.changelog.probe(&part.topic, part.partition).await {
+            warn!(topic = %part.topic, partition = part.partition, error = %e,
+                  "the changelog did not answer a probe of the cluster's clock; firing by this instance's clock");
+        }
         if m.restoring().remove(&part.pid).is_none() {
             return; // revoked meanwhile
         }

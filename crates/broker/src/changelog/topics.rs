@@ -86,7 +86,9 @@ pub fn ensure(
             needs.max(1) as i32,
             TopicReplication::Fixed(replication),
         )
-        .set("cleanup.policy", "compact");
+        .set("cleanup.policy", "compact")
+        // Each acknowledgement then says what the cluster's clock read (`kafka_clock`).
+        .set("message.timestamp.type", "LogAppendTime");
         let created = runtime
             .block_on(admin.create_topics([&new], &opts))
             .map_err(|e| kafka(e.to_string()))?;
@@ -105,7 +107,17 @@ pub fn ensure(
             needs,
         });
     }
-    let policy = cleanup_policy(&runtime, &admin, &opts, changelog)?;
+    // Asked again for a while before it counts: another instance starting at the same time
+    // may have just created the topic, and a broker that has not yet applied that creation
+    // answers with the cluster's default policy.
+    let mut policy = cleanup_policy(&runtime, &admin, &opts, changelog)?;
+    for _ in 0..POLICY_ASKS {
+        if policy == "compact" {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(250));
+        policy = cleanup_policy(&runtime, &admin, &opts, changelog)?;
+    }
     if policy != "compact" {
         return Err(TopicError::NotCompacted {
             topic: changelog.to_owned(),
@@ -114,6 +126,10 @@ pub fn ensure(
     }
     Ok(())
 }
+
+/// How many more times a changelog topic that does not read as compacted is asked (every
+/// 250 ms) before the start fails.
+const POLICY_ASKS: usize = 20;
 
 /// At start: [`ensure`] for every existing source topic (those `--source-pattern` matches,
 /// but not the changelog topics themselves), so that a misconfigured changelog stops the

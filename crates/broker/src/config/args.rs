@@ -10,6 +10,7 @@ use clap::{Args, ValueEnum};
 use super::parse::{duration, kafka_prop, SchedulerSlice};
 use super::KafkaProp;
 use kafka_delay_core::limit::{Limits, Rate, Rule};
+use kafka_delay_core::record::Route;
 use kafka_delay_core::retry;
 
 /// Flags of `kafka-delay run`.
@@ -100,6 +101,17 @@ pub struct RecordArgs {
     /// When set, target topics must match this regex.
     #[arg(long, env = "KAFKA_DELAY_TARGET_ALLOW")]
     pub target_allow: Option<String>,
+    /// Which targets the records of which source topics may name, SOURCES=TARGETS, two regexes
+    /// (repeatable; the first route whose SOURCES matches a record's topic decides). A record
+    /// naming another target is dead-lettered as target-not-allowed, naming the route; with
+    /// routes, a source topic no route names may name no target.
+    #[arg(
+        long = "route",
+        env = "KAFKA_DELAY_ROUTE",
+        value_delimiter = ';',
+        value_parser = Route::parse
+    )]
+    pub route: Vec<Route>,
     /// Allow internal topics (`__*`) as targets.
     #[arg(long, env = "KAFKA_DELAY_ALLOW_INTERNAL_TARGETS")]
     pub allow_internal_targets: bool,
@@ -139,11 +151,13 @@ pub struct StoreArgs {
 pub struct ClusterArgs {
     /// Keep every source partition's pending records in a compacted changelog topic
     /// (`<group-id>-<source topic>-changelog`) as well as in RocksDB, so that partitions can move
-    /// between instances sharing --group-id and a lost --data-dir loses nothing. Without it,
-    /// RocksDB is the only copy: run one instance per group, on a durable disk.
+    /// between instances sharing --group-id and a lost --data-dir loses nothing. The default
+    /// on a cluster that can compact topics; with this flag a cluster that cannot stops the
+    /// start.
     #[arg(long, env = "KAFKA_DELAY_CHANGELOG", conflicts_with = "no_changelog")]
     pub changelog: bool,
-    /// RocksDB is the only copy of the pending records (the default for now).
+    /// RocksDB is the only copy of the pending records: one instance per group, on a durable
+    /// disk (a second member of the group stops the start). The embedded Kafka runs this way.
     #[arg(long, env = "KAFKA_DELAY_NO_CHANGELOG")]
     pub no_changelog: bool,
     /// Replication factor of the changelog topics kafka-delay creates; -1 takes the cluster's

@@ -5,6 +5,7 @@
 //! checks the rules between flags and turns them into a [`Config`] grouped the same way, so a
 //! bad flag fails at start with a [`ConfigError`] saying what to fix.
 
+pub mod acls;
 mod args;
 mod error;
 pub mod parse;
@@ -72,8 +73,8 @@ pub struct Config {
 /// The changelog and handoffs between instances.
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
-    /// Pending state is kept in changelog topics too.
-    pub changelog: bool,
+    /// Whether pending state is kept in changelog topics too, or how that is decided.
+    pub changelog: Changelog,
     /// Replication factor of created changelog topics (-1: the cluster's default).
     pub changelog_replication: i32,
     /// Longest wait for a revoked partition's deliveries in flight.
@@ -86,6 +87,19 @@ pub struct ClusterConfig {
     pub transaction_records: usize,
     /// Longest a transaction keeps taking work that is still arriving.
     pub transaction_interval: Duration,
+}
+
+/// Whether the pending records are kept in changelog topics as well as in RocksDB.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Changelog {
+    /// `--changelog`: on, and a cluster that cannot keep it stops the start.
+    On,
+    /// `--no-changelog`: RocksDB on this disk is the only copy.
+    Off,
+    /// The embedded cluster (librdkafka's mock) keeps no compacted topics: off.
+    Embedded,
+    /// Neither flag: on where the cluster can keep compacted topics, which the start asks it.
+    Default,
 }
 
 /// Where Kafka is and how to join it.
@@ -104,6 +118,18 @@ pub struct KafkaConfig {
     /// New-topic discovery interval.
     pub topic_refresh: Duration,
 }
+
+impl KafkaConfig {
+    /// The consumer group the changelog is read with (restores and standby copies): those
+    /// consumers assign their partitions and commit nothing, but librdkafka still finds the
+    /// group's coordinator, which an authorizer checks.
+    pub fn restore_group(&self) -> String {
+        format!("{}-restore", self.group_id)
+    }
+}
+
+/// The consumer group the console reads dead letters with (it commits nothing).
+pub const CONSOLE_GROUP: &str = "kafka-delay-console";
 
 /// The topics the broker writes to besides the targets, created at start when missing.
 #[derive(Debug, Clone)]

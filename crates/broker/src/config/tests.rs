@@ -249,9 +249,20 @@ fn kafka_config_passes_through_and_secrets_are_redacted() {
 }
 
 #[test]
-fn the_changelog_is_off_unless_asked_for_and_its_flags_are_checked() {
+fn the_changelog_is_the_default_on_a_cluster_and_its_flags_are_checked() {
     let c = parse(&["--brokers", "k:9092"]).unwrap();
-    assert!(!c.cluster.changelog);
+    assert_eq!(c.cluster.changelog, Changelog::Default);
+    assert_eq!(
+        parse(&["--brokers", "k:9092", "--no-changelog"])
+            .unwrap()
+            .cluster
+            .changelog,
+        Changelog::Off
+    );
+    assert_eq!(
+        parse(&["--embedded-kafka"]).unwrap().cluster.changelog,
+        Changelog::Embedded
+    );
     assert_eq!(c.cluster.changelog_replication, -1);
     assert_eq!(c.cluster.handoff_wait, Duration::from_secs(10));
     let c = parse(&[
@@ -264,7 +275,7 @@ fn the_changelog_is_off_unless_asked_for_and_its_flags_are_checked() {
         "2s",
     ])
     .unwrap();
-    assert!(c.cluster.changelog);
+    assert_eq!(c.cluster.changelog, Changelog::On);
     assert_eq!(c.cluster.changelog_replication, 3);
     assert_eq!(c.cluster.handoff_wait, Duration::from_secs(2));
     let both = parse(&["--brokers", "k:9092", "--changelog", "--no-changelog"]).unwrap_err();
@@ -288,9 +299,21 @@ fn the_changelog_is_off_unless_asked_for_and_its_flags_are_checked() {
     ])
     .unwrap();
     assert_eq!(c.cluster.standby_replicas, 2);
-    let e = parse(&["--brokers", "k:9092", "--standby-replicas", "1"]).unwrap_err();
+    let c = parse(&["--brokers", "k:9092", "--standby-replicas", "1"]).unwrap();
+    assert_eq!(
+        c.cluster.standby_replicas, 1,
+        "the default mode keeps standbys"
+    );
+    let e = parse(&[
+        "--brokers",
+        "k:9092",
+        "--no-changelog",
+        "--standby-replicas",
+        "1",
+    ])
+    .unwrap_err();
     assert!(
-        e.contains("--standby-replicas") && e.contains("--changelog"),
+        e.contains("--standby-replicas") && e.contains("--no-changelog"),
         "{e}"
     );
 }
@@ -317,8 +340,13 @@ fn exactly_once_needs_the_changelog_a_stable_instance_id_and_a_real_cluster() {
         assert!(e.contains(says), "{flags:?}: {e}");
     };
     fails(
-        &["--brokers", "k:9092", "--exactly-once"],
-        "give --changelog too",
+        &["--brokers", "k:9092", "--exactly-once", "--no-changelog"],
+        "leave out --no-changelog",
+    );
+    let c = parse(&["--brokers", "k:9092", "--exactly-once", "--group-id", "g"]).unwrap();
+    assert!(
+        c.cluster.transactional_id.is_some(),
+        "the default mode runs exactly-once"
     );
     fails(
         &["--embedded-kafka", "--exactly-once"],
@@ -340,5 +368,25 @@ fn exactly_once_needs_the_changelog_a_stable_instance_id_and_a_real_cluster() {
     fails(
         &[&stable[..], &["--kafka-config", "transactional.id=x"]].concat(),
         "--exactly-once",
+    );
+}
+
+#[test]
+fn routes_are_read_in_order_and_a_bad_one_fails_saying_so() {
+    let c = parse(&[
+        "--brokers",
+        "k:9092",
+        "--route",
+        r"^delay\.a\.=^a\.",
+        "--route",
+        r"^delay\.b\.=^b\.",
+    ])
+    .unwrap();
+    let routes: Vec<String> = c.contract.routes.iter().map(ToString::to_string).collect();
+    assert_eq!(routes, [r"^delay\.a\.=^a\.", r"^delay\.b\.=^b\."]);
+    let e = parse(&["--brokers", "k:9092", "--route", "no-equals-sign"]).unwrap_err();
+    assert!(
+        e.contains("--route") && e.contains("SOURCES=TARGETS"),
+        "{e}"
     );
 }

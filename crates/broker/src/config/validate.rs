@@ -6,8 +6,8 @@ use regex::Regex;
 use super::args::{LogFormat, RunArgs};
 use super::parse::{human, millis};
 use super::{
-    default_instance_id, ClusterConfig, Config, ConfigError, FireConfig, HttpConfig, KafkaConfig,
-    Secret, StoreConfig, TopicsConfig, WheelConfig, DEFAULT_RETRY_TOPIC,
+    default_instance_id, Changelog, ClusterConfig, Config, ConfigError, FireConfig, HttpConfig,
+    KafkaConfig, Secret, StoreConfig, TopicsConfig, WheelConfig, DEFAULT_RETRY_TOPIC,
 };
 use kafka_delay_core::limit::Limits;
 use kafka_delay_core::record::{Contract, Reason};
@@ -134,6 +134,7 @@ impl RunArgs {
         Ok(Contract {
             source_pattern,
             target_allow,
+            routes: r.route.clone(),
             allow_internal_targets: r.allow_internal_targets,
             max_delay_ms,
             max_record_bytes: r.max_record_bytes,
@@ -256,12 +257,17 @@ impl RunArgs {
             // librdkafka's mock cluster has no compacted topics and no DescribeConfigs.
             return Err(ConfigError::Exclusive("--changelog", "--embedded-kafka"));
         }
-        let changelog = c.changelog && !c.no_changelog;
-        if c.standby_replicas > 0 && !changelog {
+        let changelog = match (c.changelog, c.no_changelog, self.kafka.embedded_kafka) {
+            (true, _, _) => Changelog::On,
+            (_, true, _) => Changelog::Off,
+            (_, _, true) => Changelog::Embedded,
+            _ => Changelog::Default,
+        };
+        if c.standby_replicas > 0 && matches!(changelog, Changelog::Off | Changelog::Embedded) {
             return Err(ConfigError::invalid(
                 "--standby-replicas",
                 c.standby_replicas.to_string(),
-                "standby replicas tail the changelog: give --changelog too, or leave it at 0",
+                "standby replicas tail the changelog: leave out --no-changelog, or leave it at 0",
             ));
         }
         Ok(ClusterConfig {
@@ -277,15 +283,15 @@ impl RunArgs {
 
     /// With --exactly-once: the transactional id, `<group-id>-<instance-id>`, the same across
     /// restarts so that a restarted instance fences what it left behind.
-    fn transactional_id(&self, changelog: bool) -> Result<Option<String>, ConfigError> {
+    fn transactional_id(&self, changelog: Changelog) -> Result<Option<String>, ConfigError> {
         let c = &self.cluster;
         if !c.exactly_once {
             return Ok(None);
         }
         let why = if self.kafka.embedded_kafka {
             Some("the embedded cluster cannot run transactions: give --brokers of an Apache Kafka cluster")
-        } else if !changelog {
-            Some("exactly-once commits the changelog with what fires: give --changelog too")
+        } else if changelog == Changelog::Off {
+            Some("exactly-once commits the changelog with what fires: leave out --no-changelog")
         } else if self.kafka.no_static_membership && self.kafka.instance_id.is_none() {
             Some("exactly-once needs an id that stays the same across restarts: give --instance-id")
         } else {

@@ -2,11 +2,13 @@
 //!
 //! | mode | flags | a group of records is safe once | a due record fires by |
 //! |------|-------|---------------------------------|-----------------------|
-//! | [`Local`] | `--no-changelog` | in RocksDB on this disk | produce, then delete here |
-//! | [`Logged`] | `--changelog` | also in the changelog, acknowledged | produce, delete here, tombstone |
-//! | [`exactly::Exactly`] | `--changelog --exactly-once` | its ingest transaction committed | one transaction: the record, its tombstone, the group's offsets |
+//! | [`Local`] | `--no-changelog` (and the embedded Kafka) | in RocksDB on this disk | produce, then delete here |
+//! | [`Logged`] | the default (`--changelog`) | also in the changelog, acknowledged | produce, delete here, tombstone |
+//! | [`exactly::Exactly`] | `--exactly-once` | its ingest transaction committed | one transaction: the record, its tombstone, the group's offsets |
 //!
-//! [`Prepared::new`] picks the mode from the configuration; [`Prepared::start`] starts what it
+//! [`Prepared::new`] picks the mode from the configuration and what the cluster can keep
+//! ([`choice`]); [`Prepared::check_cluster`] makes sure the group has no member of another mode
+//! (nor any other member, for [`Local`]: [`peers`]); [`Prepared::start`] starts what it
 //! runs (the restore and standby tasks with a changelog, the transaction loop with
 //! exactly-once) and only then hands out the [`Durability`], whose parts ingest
 //! ([`ingest::Durable`], [`ingest::Rebalance`]), the publisher ([`publish::Delivery`]) and the
@@ -14,10 +16,12 @@
 //! fires before the mode runs. Outside this module only the mechanisms (`changelog/`, `txn/`)
 //! and the flags (`config/`) know the modes exist: `scripts/mode.py` checks it.
 
+mod choice;
 mod exactly;
 mod grouped;
 mod local;
 mod logged;
+mod peers;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -27,6 +31,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
+use crate::changelog::adopt::{self, AdoptError};
 use crate::changelog::handoff::Handoff;
 use crate::changelog::moving::Moving;
 use crate::changelog::operate::Operators;
@@ -37,6 +42,7 @@ use crate::changelog::Changelog;
 use crate::config::{millis, Config};
 use crate::ingest::{Durable, IngestContext, Rebalance};
 use crate::kafka::KafkaSetupError;
+use crate::kafka_clock::KafkaClock;
 use crate::metrics::Metrics;
 use crate::publish::Delivery;
 use crate::scheduler::Inserts;
@@ -70,6 +76,18 @@ pub enum DurabilityError {
     /// Exactly-once was asked for and the cluster cannot run transactions.
     #[error("{0}")]
     Transactions(String),
+    /// The mode the flags ask for cannot run on this cluster, or the cluster was not asked.
+    #[error("{why}")]
+    Mode {
+        /// What is wrong and what to do.
+        why: String,
+    },
+    /// The data directory could not be taken into the changelog.
+    #[error(transparent)]
+    Adopt(#[from] AdoptError),
+    /// The group has a member this instance cannot run beside.
+    #[error(transparent)]
+    Group(#[from] peers::CheckError),
     /// A start-up task could not finish (it panicked, or the runtime is stopping).
     #[error("{what} task failed: {detail}")]
     Task {
@@ -85,6 +103,8 @@ pub enum DurabilityError {
 #[derive(Debug)]
 pub struct Prepared {
     kind: Kind,
+    /// Where the other instances reach this one's HTTP server.
+    advertised: String,
     config: Arc<Config>,
     store: Arc<Store>,
     metrics: Metrics,
@@ -136,20 +156,21 @@ impl std::fmt::Debug for Context {
 }
 
 impl Prepared {
-    /// Picks the mode: `--no-changelog` keeps every record on this disk; `--changelog` writes
-    /// each change to the changelog too; `--exactly-once` adds transactions. `advertised` is
-    /// where the other instances reach this one's HTTP server.
+    /// Picks the mode: the changelog writes each change to a compacted topic too (the default
+    /// where the cluster compacts topics); `--no-changelog` keeps every record on this disk
+    /// only; `--exactly-once` adds transactions. `advertised` is where the other instances
+    /// reach this one's HTTP server.
     ///
     /// # Errors
-    /// The changelog's producer cannot be made.
-    pub fn new(
+    /// The mode cannot run on this cluster, or the changelog's producer cannot be made.
+    pub async fn new(
         config: &Config,
-        store: Arc<Store>,
-        metrics: Metrics,
+        (store, metrics, kafka_clock): (Arc<Store>, Metrics, Arc<KafkaClock>),
         advertised: String,
     ) -> Result<Self, DurabilityError> {
+        let chosen = choice::choose(config).await?;
         let config = Arc::new(config.clone());
-        let kind = if !config.cluster.changelog {
+        let kind = if !chosen.changelog {
             Kind::Local(Arc::new(Local::new(
                 store.clone(),
                 if config.store.sync {
@@ -170,7 +191,7 @@ impl Prepared {
                     Box::pin(async move { c.forget_uncommitted(pid, source_next).await })
                 }))
             });
-            let changelog = Changelog::new(&config)?;
+            let changelog = Changelog::new(&config, kafka_clock)?;
             let moving = Moving::new(
                 store.clone(),
                 changelog.clone(),
@@ -179,15 +200,16 @@ impl Prepared {
             );
             let (handoff, events) = Handoff::new(moving.clone());
             let resumes = Arc::new(Resumes::default());
+            let mode = if consumed.is_some() { EXACTLY } else { LOGGED };
             let movers = Movers {
                 takeover: Takeover::new(moving.clone(), events, resumes.clone(), on_restored),
-                standbys: Standbys::new(moving, &advertised),
+                standbys: Standbys::new(moving, changelog::owners::client_id(mode, &advertised)),
             };
             let operators = Operators::new(
                 store.clone(),
                 changelog.clone(),
                 config.kafka.group_id.clone(),
-                advertised,
+                advertised.clone(),
             );
             let grouped = Arc::new(Grouped::new(
                 (store.clone(), changelog),
@@ -200,20 +222,30 @@ impl Prepared {
                 _ => Kind::Logged(grouped, movers),
             }
         };
-        Ok(Self {
+        let prepared = Self {
             kind,
+            advertised,
             config,
             store,
             metrics,
-        })
+        };
+        let name = prepared.name();
+        prepared
+            .metrics
+            .broker
+            .mode
+            .with_label_values(&[name])
+            .set(1);
+        info!(mode = name, why = chosen.why, "durability mode chosen");
+        Ok(prepared)
     }
 
-    /// The mode's name, for the start-up log and the metrics.
+    /// The mode's name, for the start-up log, the metrics and the other members of the group.
     pub fn name(&self) -> &'static str {
         match self.kind {
-            Kind::Local(_) => "local",
-            Kind::Logged(..) => "changelog",
-            Kind::Exactly(..) => "exactly-once",
+            Kind::Local(_) => LOCAL,
+            Kind::Logged(..) => LOGGED,
+            Kind::Exactly(..) => EXACTLY,
         }
     }
 
@@ -233,17 +265,10 @@ impl Prepared {
         }
     }
 
-    /// The ingest consumer's `client.id`: with several instances it carries this one's HTTP
-    /// address, so that any instance can name a partition's owner.
+    /// The ingest consumer's `client.id`: it carries this one's mode and HTTP address, so that
+    /// any instance can name a partition's owner and a starting one the modes of its group.
     pub fn client_id(&self) -> Option<String> {
-        match &self.kind {
-            Kind::Local(_) => None,
-            Kind::Logged(g, _) | Kind::Exactly(g, ..) => Some(format!(
-                "{}{}",
-                changelog::owners::CLIENT_ID_PREFIX,
-                g.advertised()
-            )),
-        }
+        Some(changelog::owners::client_id(self.name(), &self.advertised))
     }
 
     /// Consumer settings the mode needs (where the operator set none): with a changelog a
@@ -260,26 +285,48 @@ impl Prepared {
         }
     }
 
-    /// With a changelog: creates the missing changelog topics of the source topics there are,
-    /// and refuses to start on one that is misconfigured.
+    /// Before the ingest consumer joins its group. With a changelog: creates the missing
+    /// changelog topics of the source topics there are (refusing one that is misconfigured)
+    /// and takes into the changelog what this data directory holds without it. In every mode
+    /// but the embedded Kafka's: refuses a group with a member of another mode, or, without the
+    /// changelog, any other member.
     ///
     /// # Errors
-    /// A [`TopicError`] saying what to fix.
-    pub async fn check_topics(&self) -> Result<(), DurabilityError> {
-        if matches!(self.kind, Kind::Local(_)) {
-            return Ok(());
-        }
-        let c = self.config.clone();
-        let checked = tokio::task::spawn_blocking(move || {
-            changelog::topics::ensure_all(&c, c.cluster.changelog_replication)
+    /// A [`TopicError`], [`AdoptError`] or [`peers::CheckError`] saying what to fix.
+    pub async fn check_cluster(&self) -> Result<(), DurabilityError> {
+        let (c, store, mode) = (self.config.clone(), self.store.clone(), self.name());
+        let grouped = match &self.kind {
+            Kind::Local(_) => None,
+            Kind::Logged(g, _) | Kind::Exactly(g, ..) => Some(g.changelog().clone()),
+        };
+        blocking("cluster check", move || -> Result<(), DurabilityError> {
+            if grouped.is_none() {
+                let forgotten = store
+                    .forget_checkpoints()
+                    .map_err(|e| DurabilityError::Task {
+                        what: "forgetting the changelog checkpoints",
+                        detail: e.to_string(),
+                    })?;
+                if forgotten > 0 {
+                    warn!(
+                        partitions = forgotten,
+                        "running without the changelog: the changelog \
+                          positions of this data directory are forgotten; a start with the \
+                          changelog again needs its changelog topics deleted first"
+                    );
+                }
+            }
+            if let Some(changelog) = grouped {
+                let checked = changelog::topics::ensure_all(&c, c.cluster.changelog_replication)?;
+                info!(source_topics = checked, "changelog topics checked");
+                adopt::adopt(&store, &changelog, Duration::from_secs(30))?;
+            }
+            if !c.kafka.embedded {
+                peers::check(&c, mode)?;
+            }
+            Ok(())
         })
         .await
-        .map_err(|e| DurabilityError::Task {
-            what: "changelog topic check",
-            detail: e.to_string(),
-        })??;
-        info!(source_topics = checked, "changelog topics checked");
-        Ok(())
     }
 
     /// Starts what the mode runs and hands out its parts.
@@ -293,6 +340,7 @@ impl Prepared {
             config,
             store,
             metrics,
+            ..
         } = self;
         let durability = match kind {
             Kind::Local(l) => Durability {
@@ -327,6 +375,24 @@ impl Prepared {
         info!(mode = name, "durability mode running");
         Ok(durability)
     }
+}
+
+/// The modes' names.
+const LOCAL: &str = "local";
+const LOGGED: &str = "changelog";
+const EXACTLY: &str = "exactly-once";
+
+/// Runs `f` on a blocking thread.
+async fn blocking<T: Send + 'static>(
+    what: &'static str,
+    f: impl FnOnce() -> Result<T, DurabilityError> + Send + 'static,
+) -> Result<T, DurabilityError> {
+    tokio::task::spawn_blocking(f)
+        .await
+        .map_err(|e| DurabilityError::Task {
+            what,
+            detail: e.to_string(),
+        })?
 }
 
 impl Movers {

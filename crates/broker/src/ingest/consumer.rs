@@ -114,3 +114,25 @@ pub fn ready_now<F: std::future::Future>(future: F) -> Option<F::Output> {
         std::task::Poll::Pending => None,
     }
 }
+
+/// A consumer that librdkafka will never use again: a fatal error, such as a static member
+/// fenced because the coordinator gave its instance id a new member id (librdkafka rejoins
+/// with a new member id after its session timed out, for example while the coordinator was
+/// down past `session.timeout.ms`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Broken(pub String);
+
+impl Broken {
+    /// The fatal error `consumer` hit, if it did (said in the log).
+    pub(super) fn of(consumer: &StreamConsumer<IngestContext>) -> Option<Broken> {
+        let (code, reason) = consumer.client().fatal_error()?;
+        tracing::error!(?code, %reason, "the Kafka consumer failed for good; ingest ends");
+        Some(Broken(format!("{code:?}: {reason}")))
+    }
+}
+
+impl std::fmt::Display for Broken {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}

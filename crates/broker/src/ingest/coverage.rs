@@ -144,6 +144,7 @@ mod tests {
     fn member(partitions: &[(&str, i32)]) -> Owner {
         Owner {
             http: None,
+            mode: None,
             client_id: "kafka-delay".into(),
             host: "/127.0.0.1".into(),
             partitions: partitions

@@ -20,6 +20,7 @@
 mod consumer;
 mod context;
 pub mod coverage;
+mod durable;
 mod topics;
 
 use std::collections::HashMap;
@@ -27,14 +28,14 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, CommitMode, Consumer, StreamConsumer};
+use rdkafka::consumer::{CommitMode, Consumer, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Message};
-use rdkafka::TopicPartitionList;
 use tokio::sync::watch;
 use tracing::{debug, error, info, warn};
 
-pub use consumer::{consumer, consumer_config, ready_now, subscribe};
+pub use consumer::{consumer, consumer_config, ready_now, subscribe, Broken};
 pub use context::IngestContext;
+pub use durable::{Durable, Last, OffsetCommit, Rebalance, Stored};
 pub use topics::TopicCreator;
 
 use crate::backoff::Backoff;
@@ -42,90 +43,10 @@ use crate::dead_letter::{DeadLetter, DeadLetters, Origin};
 use crate::kafka::header_refs;
 use crate::metrics::Metrics;
 use crate::scheduler::{Inserts, Wake};
-use crate::store::{Applied, IngestOp, Store, StoreError};
-use crate::BoxFuture;
+use crate::store::{Applied, IngestOp, Store};
 use kafka_delay_core::clock::Clock;
 use kafka_delay_core::id::Pid;
 use kafka_delay_core::record::{Command, Contract, HeaderRef, Incoming, Reject};
-
-/// Longest a group's dead letters may take before each is retried on its own.
-const DEAD_LETTER_WAIT: Duration = Duration::from_secs(60);
-
-/// The last offset of each source partition in a group, by the partition's store id.
-pub type Last<'m> = HashMap<Pid, (&'m str, i32, i64)>;
-
-/// A group of records RocksDB has taken, for the durability mode to make safe beyond this disk.
-#[derive(Debug)]
-pub struct Stored<'a, 'm> {
-    /// The group's store operations, in offset order.
-    pub ops: &'a [IngestOp],
-    /// What RocksDB did with them.
-    pub applied: &'a Applied,
-    /// The last offset of each source partition; the mode leaves out partitions that are no
-    /// longer owned here.
-    pub last: &'a mut Last<'m>,
-    /// The group's rejected records.
-    pub dead: &'a [DeadLetter],
-    /// Where rejected records go.
-    pub dead_letters: &'a DeadLetters,
-    /// Turns true when the broker stops: a write that keeps failing gives up then.
-    pub stopping: Option<&'a watch::Receiver<bool>>,
-}
-
-/// How a group's source offsets reach the consumer group.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OffsetCommit {
-    /// Stored in the consumer once the group is safe; auto-committed, and committed at
-    /// shutdown.
-    Consumer,
-    /// Committed by the mode with the group itself: ingest commits nothing.
-    WithGroup,
-}
-
-/// What the durability mode does with each group ingest takes. Built once at start (see
-/// `crate::durability`); ingest never asks which mode it runs in.
-pub trait Durable: Send + Sync + std::fmt::Debug {
-    /// Where each source partition resumes when ingest starts (anything below was stored).
-    /// Blocking.
-    ///
-    /// # Errors
-    /// RocksDB could not be read.
-    fn start_offsets(&self) -> Result<HashMap<Pid, i64>, StoreError>;
-    /// Where the partitions handed to this instance since the last call resume.
-    fn resumed(&self) -> HashMap<Pid, i64>;
-    /// Before the group is stored: what becomes of its rejected records. Unless the mode says
-    /// otherwise, they are written to the dead-letter topic and acknowledged first.
-    fn before_store<'a>(
-        &'a self,
-        dead_letters: &'a DeadLetters,
-        dead: &'a [DeadLetter],
-    ) -> BoxFuture<'a, ()> {
-        Box::pin(async move {
-            if !dead.is_empty() {
-                dead_letters.deliver_all(dead, DEAD_LETTER_WAIT).await;
-            }
-        })
-    }
-    /// After RocksDB took the group, before its offsets are stored and its records reach the
-    /// wheel: makes it safe beyond this disk. `false`: not made safe (stopping, or none of its
-    /// partitions is owned here any more); nothing of the group is acknowledged.
-    fn after_store<'a, 'm: 'a>(&'a self, group: Stored<'a, 'm>) -> BoxFuture<'a, bool>;
-    /// How source offsets reach the group.
-    fn offset_commit(&self) -> OffsetCommit;
-    /// Most records in one group.
-    fn max_group(&self) -> usize;
-}
-
-/// What the durability mode does when source partitions change owner (called in the consumer's
-/// rebalance callback).
-pub trait Rebalance: Send + Sync + std::fmt::Debug {
-    /// Before `tpl` is assigned: may set where its partitions start.
-    fn assigning(&self, tpl: &mut TopicPartitionList);
-    /// Once `tpl` is assigned.
-    fn assigned(&self, consumer: &BaseConsumer<IngestContext>, tpl: &TopicPartitionList);
-    /// Before `tpl` is let go.
-    fn revoking(&self, tpl: &TopicPartitionList);
-}
 
 /// Longest wait for the commit of the stored offsets at shutdown. librdkafka's synchronous
 /// commit has no timeout of its own, and one was seen waiting forever (a CI run, with the mock
@@ -191,6 +112,9 @@ pub struct Ingest {
     pub stopping: Option<watch::Receiver<bool>>,
     /// What makes each group safe, and how its offsets are committed.
     pub durability: Arc<dyn Durable>,
+    /// Set when the consumer hit a fatal error ([`Broken`]): ingest has ended and the
+    /// instance must start its Kafka clients again.
+    pub broken: watch::Sender<Option<Broken>>,
 }
 
 impl std::fmt::Debug for Ingest {
@@ -217,6 +141,10 @@ impl Ingest {
             let first = match first {
                 Ok(m) => m,
                 Err(e) => {
+                    if let Some(broken) = Broken::of(&consumer) {
+                        self.broken.send_replace(Some(broken));
+                        return; // nothing can be committed through it
+                    }
                     warn!(error = %e, "consumer error");
                     continue;
                 }
@@ -230,6 +158,10 @@ impl Ingest {
                 }
             }
             self.process(group).await;
+            if let Some(why) = self.durability.broken() {
+                self.broken.send_replace(Some(Broken(why)));
+                return;
+            }
         }
         // Commit exactly what RocksDB holds, for the partitions still assigned: never the
         // consumer's position, which can be past a group that was fetched but not stored.

@@ -290,6 +290,8 @@ pub struct BrokerMetrics {
     pub ready: IntGauge,
     /// Build information.
     pub build_info: IntGaugeVec,
+    /// 1 for the durability mode this instance runs (`local`, `changelog`, `exactly-once`).
+    pub mode: IntGaugeVec,
     /// Source partitions firing from this instance.
     pub partitions_owned: IntGauge,
     /// Source partitions assigned here and being restored from the changelog.
@@ -310,6 +312,9 @@ pub struct BrokerMetrics {
     pub transactions: IntCounterVec,
     /// With exactly-once: a transaction's time from its first record written to its answer.
     pub transaction_seconds: Histogram,
+    /// How far this instance's clock runs ahead of the Kafka cluster's (records are held
+    /// back to Kafka's clock meanwhile).
+    pub clock_ahead: Gauge,
 }
 
 impl BrokerMetrics {
@@ -327,6 +332,11 @@ impl BrokerMetrics {
                 "kafka_delay_build_info",
                 "Build information.",
                 &["version"],
+            )?,
+            mode: r.gauge_vec(
+                "kafka_delay_mode",
+                "1 for the durability mode this instance runs: local, changelog or exactly-once.",
+                &["mode"],
             )?,
             partitions_owned: r.gauge(
                 "kafka_delay_partitions_owned",
@@ -372,6 +382,10 @@ impl BrokerMetrics {
                 "Kafka transactions (--exactly-once): from the first record written to the commit \
                  or abort.",
             )?,
+            clock_ahead: r.register(Gauge::new(
+                "kafka_delay_clock_ahead_seconds",
+                "How far this instance's clock runs ahead of the Kafka cluster's, as its changelog's append times show it (records fire by Kafka's clock meanwhile); 0 when it does not.",
+            )?)?,
         };
         m.build_info
             .with_label_values(&[env!("CARGO_PKG_VERSION")])

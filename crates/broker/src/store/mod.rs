@@ -42,6 +42,7 @@
 
 pub mod codec;
 mod column;
+mod copies;
 mod fire;
 mod gather;
 mod ingest;
@@ -198,6 +199,8 @@ pub struct Store {
     /// Whether only owned partitions fire ([`Store::track_ownership`]); read without the
     /// firing lock, so that a store that owns everything answers `owns` for free.
     tracks_ownership: std::sync::atomic::AtomicBool,
+    /// The counts of standby copies ([`copies`]). Locked after `writes` and `firing`.
+    copies: Mutex<copies::Copies>,
     path: PathBuf,
 }
 
@@ -239,6 +242,7 @@ impl Store {
             keep_within_ms: options.keep_within_ms,
             protect_claimed: std::sync::atomic::AtomicBool::new(false),
             tracks_ownership: std::sync::atomic::AtomicBool::new(false),
+            copies: Mutex::default(),
             path: path.to_owned(),
         };
         store.load_partitions()?;

@@ -87,9 +87,11 @@ impl Store {
 
     /// Records of `pid` fire from this store from now on (its restore is complete).
     pub fn own(&self, pid: Pid) {
-        if let Owned::Only(set) = &mut self.lock_firing().owned {
+        let mut firing = self.lock_firing();
+        if let Owned::Only(set) = &mut firing.owned {
             set.insert(pid);
         }
+        self.forget_copy(pid);
     }
 
     /// Records of `pid` no longer fire from this store; returns how many of its records are
@@ -132,6 +134,27 @@ impl Store {
         let mut batch = self.batch();
         batch.put::<Meta>(&MetaKey::checkpoint(pid), &at.encode());
         self.write(batch, false, "checkpoint write")
+    }
+
+    /// Forgets every partition's checkpoint: the store is about to change without the
+    /// changelog (`--no-changelog`), so what it holds no longer reflects any changelog position,
+    /// and a later start with the changelog must take it in again. Synced.
+    ///
+    /// # Errors
+    /// A write failure.
+    pub fn forget_checkpoints(&self) -> Result<usize> {
+        let mut batch = self.batch();
+        let mut forgotten = 0;
+        for pid in self.partitions_with_state() {
+            if self.checkpoint(pid)?.is_some() {
+                batch.delete::<Meta>(&MetaKey::checkpoint(pid));
+                forgotten += 1;
+            }
+        }
+        if forgotten > 0 {
+            self.write(batch, true, "checkpoint removal")?;
+        }
+        Ok(forgotten)
     }
 
     /// Applies changelog entries of `pid`, in changelog order, in one write batch with the
@@ -198,6 +221,7 @@ impl Store {
         self.changes.fetch_add(1, Ordering::Release);
         self.low_water.fetch_min(min_due, Ordering::Relaxed);
         stats.apply(&counted);
+        self.copy_changed(pid, &counted);
         *absent_above = above;
         Ok(delta)
     }
@@ -381,8 +405,12 @@ impl Store {
             self.pending.fetch_sub(gone.len() as i64, Ordering::Relaxed);
             self.changes.fetch_add(1, Ordering::Release);
             stats.apply(&counted);
+            self.copy_changed(pid, &counted);
             dropped += gone.len() as u64;
             if last {
+                if whole {
+                    self.forget_copy(pid);
+                }
                 return Ok(dropped);
             }
         }

@@ -125,6 +125,39 @@ impl PendingStats {
         Ok(stats)
     }
 
+    /// Adds `other`'s counts to these.
+    pub fn absorb(&mut self, other: &PendingStats) {
+        for (t, n) in &other.by_target {
+            *self.by_target.entry(t.clone()).or_default() += n;
+        }
+        for (m, n) in &other.by_minute {
+            *self.by_minute.entry(*m).or_default() += n;
+        }
+    }
+
+    /// These counts less `other`'s (a count stops at zero), for example the records of
+    /// partitions this instance only keeps a copy of.
+    pub fn minus(&self, other: &PendingStats) -> PendingStats {
+        let mut out = self.clone();
+        for (t, n) in &other.by_target {
+            if let Some(c) = out.by_target.get_mut(t) {
+                *c = c.saturating_sub(*n);
+                if *c == 0 {
+                    out.by_target.remove(t);
+                }
+            }
+        }
+        for (m, n) in &other.by_minute {
+            if let Some(c) = out.by_minute.get_mut(m) {
+                *c = c.saturating_sub(*n);
+                if *c == 0 {
+                    out.by_minute.remove(m);
+                }
+            }
+        }
+        out
+    }
+
     /// Records counted.
     pub fn total(&self) -> u64 {
         self.by_target.values().sum()

@@ -13,6 +13,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::kafka_clock::KafkaClock;
 use kafka_delay_core::id::Pid;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::ConsumerGroupMetadata;
@@ -22,7 +23,11 @@ use rdkafka::producer::{FutureProducer, Producer};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+mod refused;
 mod run;
+mod stuck;
+
+pub use refused::{TxnContext, TxnProducer};
 
 /// A record to write in a transaction.
 #[derive(Debug, Clone, Default)]
@@ -47,15 +52,14 @@ pub enum TxnError {
     /// may be handed in again as it is.
     #[error("transaction aborted: {0}")]
     Aborted(String),
-    /// This work's record at `index` was refused: handing it in again as it is fails again
-    /// if the refusal is permanent (an unknown topic, a record too large).
-    #[error("record {index} refused: {error}")]
-    Rejected {
-        /// The record's place in the work.
-        index: usize,
-        /// Kafka's refusal.
-        error: KafkaError,
-    },
+    /// Records of this work were refused, each with its place in the work and Kafka's
+    /// refusal: handing them in again as they are fails again if the refusal is permanent (an
+    /// unknown topic, a record too large, a topic the authorizer refuses); the work's other
+    /// records may go again.
+    #[error("{} record(s) refused, the first (record {}): {}", .0.len(),
+            .0.first().map_or(0, |r| r.0),
+            .0.first().map_or_else(String::new, |r| r.1.to_string()))]
+    Rejected(Vec<(usize, KafkaError)>),
     /// The consumer's generation is over, or a partition of the work is no longer owned
     /// here: its partitions belong to another member now.
     #[error("the consumer group moved on (this member's partitions were reassigned): {0}")]
@@ -68,11 +72,19 @@ pub enum TxnError {
 }
 
 impl TxnError {
+    /// Kafka's refusal of the work's record at `index`, if it was refused.
+    pub fn refusal(&self, index: usize) -> Option<&KafkaError> {
+        match self {
+            TxnError::Rejected(refused) => refused.iter().find(|r| r.0 == index).map(|r| &r.1),
+            _ => None,
+        }
+    }
+
     /// The outcome's name in metrics.
     pub fn outcome(&self) -> &'static str {
         match self {
             TxnError::Aborted(_) => "aborted",
-            TxnError::Rejected { .. } => "rejected",
+            TxnError::Rejected(_) => "rejected",
             TxnError::Stale(_) => "stale",
             TxnError::Fenced(_) => "fenced",
         }
@@ -97,7 +109,7 @@ pub type GroupMetadata = Arc<dyn Fn() -> Option<ConsumerGroupMetadata> + Send + 
 pub type Owned = Arc<dyn Fn(Pid) -> bool + Send + Sync>;
 
 /// Makes a new transactional producer (same `transactional.id`) after a fence.
-pub type Renew = Arc<dyn Fn() -> Result<FutureProducer, KafkaError> + Send + Sync>;
+pub type Renew = Arc<dyn Fn() -> Result<TxnProducer, KafkaError> + Send + Sync>;
 
 /// Offsets to commit: (topic, partition, next offset).
 pub type Offsets = Vec<(String, i32, i64)>;
@@ -119,11 +131,13 @@ pub struct Setup {
     /// Checked once a transaction's records are acknowledged, before it commits: work for a
     /// partition revoked meanwhile aborts the transaction.
     pub owned: Option<Owned>,
-    /// After a fence, a new producer is made with this (once a second at most); without it
-    /// a fence is final.
+    /// After a fence, a new producer is made with this (once a second at most; work waits
+    /// for it); without it a fence is final.
     pub renew: Option<Renew>,
     /// Told each transaction's outcome.
     pub observe: Option<Observe>,
+    /// Learns the cluster's clock from the records' acknowledgements.
+    pub kafka_clock: Option<Arc<KafkaClock>>,
 }
 
 impl Setup {
@@ -135,6 +149,7 @@ impl Setup {
             owned: None,
             renew: None,
             observe: None,
+            kafka_clock: None,
         }
     }
 }
@@ -191,7 +206,7 @@ impl Transactions {
     /// # Errors
     /// The cluster cannot run transactions, or did not answer within the timeout.
     pub fn start(
-        producer: FutureProducer,
+        producer: TxnProducer,
         setup: Setup,
     ) -> Result<(Self, JoinHandle<()>), KafkaError> {
         producer.init_transactions(setup.cut.timeout)?;
@@ -229,6 +244,14 @@ impl Transactions {
             .map_err(|_| gone())?;
         result.await.map_err(|_| gone())?
     }
+}
+
+/// A transactional producer of `config` (which has a `transactional.id`).
+///
+/// # Errors
+/// librdkafka refuses the configuration.
+pub fn producer(config: &ClientConfig) -> Result<TxnProducer, KafkaError> {
+    TxnProducer::new(config)
 }
 
 /// What an error means for the work: fatal errors fence the producer; a group generation
@@ -282,6 +305,13 @@ pub fn check(config: &ClientConfig, timeout: Duration) -> Result<(), String> {
 
 /// What a cluster's refusal to initialize transactions means, for the start-up error.
 pub fn cannot_run(e: &KafkaError) -> String {
+    if e.rdkafka_error_code() == Some(RDKafkaErrorCode::TransactionalIdAuthorizationFailed) {
+        return format!(
+            "the cluster's authorizer refuses this principal its transactional id ({e}): \
+             --exactly-once needs Write and Describe on the transactional ids GROUP-INSTANCE \
+             (`kafka-delay acls` prints them)"
+        );
+    }
     format!(
         "this Kafka cluster cannot run transactions ({e}): --exactly-once needs Apache Kafka \
          2.5 or later with its transaction state log available \
@@ -292,6 +322,21 @@ pub fn cannot_run(e: &KafkaError) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_refused_transactional_id_is_told_as_the_authorizers_not_the_clusters() {
+        let refused = cannot_run(&KafkaError::Global(
+            RDKafkaErrorCode::TransactionalIdAuthorizationFailed,
+        ));
+        assert!(
+            refused.contains("Write and Describe on the transactional ids"),
+            "{refused}"
+        );
+        let down = cannot_run(&KafkaError::Global(
+            RDKafkaErrorCode::BrokerTransportFailure,
+        ));
+        assert!(down.contains("cannot run transactions"), "{down}");
+    }
 
     #[test]
     fn generation_errors_are_stale_and_producer_fencing_is_final() {

@@ -1,15 +1,20 @@
 //! The transaction loop: gathers the work handed in into transactions, one at a time, and
 //! answers each piece of work.
 
+use std::sync::atomic::AtomicU8;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
-use super::{classify, Offsets, Out, Queued, Setup, TxnError, Work};
+use super::refused::Refused;
+use super::stuck::{may_commit, retire, watched, HUNG, RUNNING};
+use super::{classify, Offsets, Out, Queued, Setup, TxnError, TxnProducer, Work};
+use crate::kafka_clock::KafkaClock;
 
 /// How long a transaction being gathered waits for the next piece of work.
 const GAP: Duration = Duration::from_millis(2);
@@ -19,12 +24,13 @@ const RENEW_EVERY: Duration = Duration::from_secs(1);
 
 /// The producer, or why there is none now (fenced, and when).
 enum Producing {
-    Ready(FutureProducer),
+    Ready(TxnProducer),
     Fenced(String, Instant),
 }
 
-pub(super) async fn run(producer: FutureProducer, setup: Setup, mut rx: mpsc::Receiver<Queued>) {
+pub(super) async fn run(producer: TxnProducer, setup: Setup, mut rx: mpsc::Receiver<Queued>) {
     let mut producing = Producing::Ready(producer);
+    let mut refused = Refused::default();
     let cut = setup.cut;
     while let Some(first) = rx.recv().await {
         // What queued up while the last transaction committed joins this one, and what follows
@@ -44,20 +50,19 @@ pub(super) async fn run(producer: FutureProducer, setup: Setup, mut rx: mpsc::Re
                 _ => break,
             }
         }
+        let mut batch = answer_refused(batch, &mut refused);
+        if batch.is_empty() {
+            continue;
+        }
         producing = renewed(producing, &setup).await;
         let started = Instant::now();
         let results = match &producing {
             Producing::Fenced(why, _) => vec![Err(TxnError::Fenced(why.clone())); batch.len()],
             Producing::Ready(p) => {
-                let (p, s) = (p.clone(), setup.clone());
-                let works: Vec<Work> = batch
-                    .iter_mut()
-                    .map(|q| std::mem::take(&mut q.work))
-                    .collect();
-                let n = works.len();
-                tokio::task::spawn_blocking(move || transaction(&p, &s, works))
-                    .await
-                    .unwrap_or_else(|e| vec![Err(TxnError::Aborted(e.to_string())); n])
+                let works = batch.iter_mut().map(|q| std::mem::take(&mut q.work));
+                let (results, learned) = on_its_thread(p, &setup, works.collect()).await;
+                refused.learn(learned, Instant::now());
+                results
             }
         };
         let failed = results.iter().find_map(|r| r.as_ref().err());
@@ -82,7 +87,10 @@ pub(super) async fn run(producer: FutureProducer, setup: Setup, mut rx: mpsc::Re
         {
             if matches!(producing, Producing::Ready(_)) {
                 error!(error = %why, "the transactional producer was fenced: another process with the same --instance-id, or this one was paused past its transaction timeout");
-                producing = Producing::Fenced(why.clone(), Instant::now());
+                let fenced = Producing::Fenced(why.clone(), Instant::now());
+                if let Producing::Ready(old) = std::mem::replace(&mut producing, fenced) {
+                    retire(old);
+                }
             }
         }
         for (q, r) in batch.into_iter().zip(results) {
@@ -91,19 +99,65 @@ pub(super) async fn run(producer: FutureProducer, setup: Setup, mut rx: mpsc::Re
     }
 }
 
-/// After a fence, a new producer (at most once a second), when the setup can make one.
+/// One transaction for `works` on a blocking thread, watched ([`watched`]); one answer per
+/// piece, and the topics the authorizer refused.
+async fn on_its_thread(
+    producer: &TxnProducer,
+    setup: &Setup,
+    works: Vec<Work>,
+) -> (Vec<Result<Vec<i64>, TxnError>>, Vec<String>) {
+    let (p, s, n) = (producer.clone(), setup.clone(), works.len());
+    let phase = Arc::new(AtomicU8::new(RUNNING));
+    let c = phase.clone();
+    let running = tokio::task::spawn_blocking(move || transaction(&p, &s, works, &c));
+    match watched(running, &phase).await {
+        Some(Ok(done)) => done,
+        Some(Err(e)) => (vec![Err(TxnError::Aborted(e.to_string())); n], Vec::new()),
+        None => (vec![Err(TxnError::Fenced(HUNG.into())); n], Vec::new()),
+    }
+}
+
+/// The work of `batch` that names no topic the cluster refused a moment ago; the rest is
+/// answered at once (in a transaction it would spoil the others').
+fn answer_refused(batch: Vec<Queued>, refused: &mut Refused) -> Vec<Queued> {
+    let now = Instant::now();
+    let mut kept = Vec::with_capacity(batch.len());
+    for q in batch {
+        let denied: Vec<(usize, KafkaError)> = (q.work.records.iter().enumerate())
+            .filter(|(_, r)| refused.refuses(&r.topic, now))
+            .map(|(i, _)| (i, denied()))
+            .collect();
+        if denied.is_empty() {
+            kept.push(q);
+        } else {
+            let _ = q.done.send(Err(TxnError::Rejected(denied)));
+        }
+    }
+    kept
+}
+
+/// After a fence, a new producer (at most once a second), when the setup can make one. Work
+/// that arrives while fenced waits for the renewal rather than failing at once: a dead letter
+/// refused as fenced goes back to firing its record, whose refusal can fence the producer
+/// again, and records in step with it would never reach a live producer.
 async fn renewed(producing: Producing, setup: &Setup) -> Producing {
     let Producing::Fenced(_, at) = producing else {
         return producing;
     };
-    let Some(renew) = setup.renew.clone().filter(|_| at.elapsed() >= RENEW_EVERY) else {
+    let Some(renew) = setup.renew.clone() else {
         return producing;
     };
+    tokio::time::sleep(RENEW_EVERY.saturating_sub(at.elapsed())).await;
     let timeout = setup.cut.timeout;
     let made = tokio::task::spawn_blocking(move || {
         let p = renew()?;
-        p.init_transactions(timeout)?;
-        Ok::<_, KafkaError>(p)
+        match p.init_transactions(timeout) {
+            Ok(()) => Ok(p),
+            Err(e) => {
+                retire(p);
+                Err(e)
+            }
+        }
     })
     .await;
     match made {
@@ -141,25 +195,32 @@ fn gather(works: &[Work]) -> (Vec<&Out>, Offsets) {
     (outs, offsets)
 }
 
-/// Why a transaction failed: as a whole, or because of one record (its place among all).
+/// Why a transaction failed: as a whole, or because of records (their places among all;
+/// with the topics the authorizer refused, when that was the cause).
 enum Failure {
     Whole(TxnError),
-    Record(usize, KafkaError),
+    Records(Vec<(usize, KafkaError)>, Vec<String>),
     NotOwned(usize),
+}
+
+/// The refusal of a record to a topic the authorizer refuses.
+fn denied() -> KafkaError {
+    KafkaError::MessageProduction(RDKafkaErrorCode::TopicAuthorizationFailed)
 }
 
 /// One transaction for `works`: begin, write, send offsets, commit, run the after-commit
 /// hooks; aborted on any error it survives. One answer per piece of work.
 fn transaction(
-    producer: &FutureProducer,
+    producer: &TxnProducer,
     setup: &Setup,
     mut works: Vec<Work>,
-) -> Vec<Result<Vec<i64>, TxnError>> {
+    phase: &AtomicU8,
+) -> (Vec<Result<Vec<i64>, TxnError>>, Vec<String>) {
     let n = works.len();
     let result = producer
         .begin_transaction()
         .map_err(|e| Failure::Whole(classify(e)))
-        .and_then(|()| write(producer, setup, &works));
+        .and_then(|()| write(producer, setup, &works, phase));
     let written = match result {
         Ok(offsets) => offsets,
         Err(failure) => {
@@ -167,7 +228,11 @@ fn transaction(
                 Failure::Whole(TxnError::Fenced(_)) => Ok(()),
                 _ => producer.abort_transaction(setup.cut.timeout),
             };
-            return answers(&works, failure, abort.err().map(classify));
+            let learned = match &failure {
+                Failure::Records(_, topics) => topics.clone(),
+                _ => Vec::new(),
+            };
+            return (answers(&works, failure, abort.err().map(classify)), learned);
         }
     };
     for w in &mut works {
@@ -176,13 +241,14 @@ fn transaction(
         }
     }
     let mut at = 0;
-    (0..n)
+    let answers = (0..n)
         .map(|i| {
             let k = works[i].records.len();
             at += k;
             Ok(written[at - k..at].to_vec())
         })
-        .collect()
+        .collect();
+    (answers, Vec::new())
 }
 
 /// Each piece of work's answer when its transaction failed: the piece a refused record or a
@@ -192,18 +258,30 @@ fn answers(
     failure: Failure,
     abort_failed: Option<TxnError>,
 ) -> Vec<Result<Vec<i64>, TxnError>> {
-    // A producer that could not abort is in no state to begin again: it is renewed.
-    if let Some(e) = abort_failed {
-        let fenced = match e {
-            TxnError::Fenced(_) => e,
-            other => TxnError::Fenced(format!("the abort failed: {other}")),
-        };
-        return vec![Err(fenced); works.len()];
-    }
-    let whole = match &failure {
-        Failure::Whole(e) => e.clone(),
-        Failure::Record(_, e) => TxnError::Aborted(format!("another record failed: {e}")),
-        Failure::NotOwned(_) => TxnError::Aborted("another piece's partition was revoked".into()),
+    // A producer that could not abort is in no state to begin again: it is renewed, and every
+    // piece goes again but those whose records were refused (librdkafka cannot abort a
+    // transaction none of whose partitions it could add, as when the authorizer refuses the
+    // only new topic: naming those records is what keeps them from being tried forever).
+    let whole = match (&abort_failed, &failure) {
+        (Some(TxnError::Fenced(e)), _) => TxnError::Fenced(e.clone()),
+        (Some(other), _) => TxnError::Fenced(format!("the abort failed: {other}")),
+        (None, Failure::Whole(e)) => e.clone(),
+        (None, Failure::Records(r, _)) => TxnError::Aborted(format!(
+            "another record failed: {}",
+            r.first().map_or_else(String::new, |r| r.1.to_string())
+        )),
+        (None, Failure::NotOwned(_)) => {
+            TxnError::Aborted("another piece's partition was revoked".into())
+        }
+    };
+    // Only a record refused for itself is named: records purged or not attempted because of
+    // their transaction (a fenced producer's, an aborted one's) go again with the others.
+    let named: Vec<(usize, KafkaError)> = match &failure {
+        Failure::Records(refused, _) => (refused.iter())
+            .filter(|(_, e)| !collateral(e))
+            .cloned()
+            .collect(),
+        _ => Vec::new(),
     };
     let mut start = 0;
     works
@@ -213,20 +291,30 @@ fn answers(
             let range = start..start + w.records.len();
             start = range.end;
             match &failure {
-                Failure::Record(at, error) if range.contains(at) => Err(TxnError::Rejected {
-                    index: at - range.start,
-                    error: error.clone(),
-                }),
-                Failure::NotOwned(piece) if *piece == i => Err(TxnError::Stale(
-                    "a partition of this work was revoked before its transaction committed".into(),
+                _ if named.iter().any(|r| range.contains(&r.0)) => Err(TxnError::Rejected(
+                    (named.iter())
+                        .filter(|r| range.contains(&r.0))
+                        .map(|(at, e)| (at - range.start, e.clone()))
+                        .collect(),
                 )),
+                Failure::NotOwned(piece) if *piece == i && abort_failed.is_none() => {
+                    Err(TxnError::Stale(
+                        "a partition of this work was revoked before its transaction committed"
+                            .into(),
+                    ))
+                }
                 _ => Err(whole.clone()),
             }
         })
         .collect()
 }
 
-fn write(producer: &FutureProducer, setup: &Setup, works: &[Work]) -> Result<Vec<i64>, Failure> {
+fn write(
+    producer: &TxnProducer,
+    setup: &Setup,
+    works: &[Work],
+    phase: &AtomicU8,
+) -> Result<Vec<i64>, Failure> {
     let cut = setup.cut;
     let (outs, offsets) = gather(works);
     let mut deliveries = Vec::with_capacity(outs.len());
@@ -261,22 +349,7 @@ fn write(producer: &FutureProducer, setup: &Setup, works: &[Work]) -> Result<Vec
             }
         }
     }
-    // Every record acknowledged before the commit: rdkafka's commit flushes by polling in
-    // steps of 100 ms, which the producer's own polling thread leaves idle, so a commit that
-    // finds records still out waits about 100 ms for nothing.
-    let handle = tokio::runtime::Handle::current();
-    let mut written = Vec::with_capacity(deliveries.len());
-    for (i, d) in deliveries.into_iter().enumerate() {
-        match handle.block_on(d) {
-            Ok(Ok(delivery)) => written.push(delivery.offset),
-            Ok(Err((e, _))) => return Err(refused(i, e)),
-            Err(_) => {
-                return Err(Failure::Whole(TxnError::Aborted(
-                    "a record's delivery was cancelled".into(),
-                )))
-            }
-        }
-    }
+    let written = acknowledged(producer, &outs, deliveries, setup.kafka_clock.as_deref())?;
     // Every record is in its partition's log now: an instance assigned one of these
     // partitions after this check reads up to past them, and waits for this transaction.
     if let Some(owned) = &setup.owned {
@@ -303,15 +376,88 @@ fn write(producer: &FutureProducer, setup: &Setup, works: &[Work]) -> Result<Vec
             .send_offsets_to_transaction(&tpl, &metadata, cut.timeout)
             .map_err(whole)?;
     }
+    if !may_commit(phase) {
+        return Err(Failure::Whole(TxnError::Fenced(HUNG.into())));
+    }
     producer.commit_transaction(cut.timeout).map_err(whole)?;
     Ok(written)
+}
+
+/// The offset of each record of the transaction once all are acknowledged, or the failure
+/// that names the refused records.
+fn acknowledged(
+    producer: &TxnProducer,
+    outs: &[&Out],
+    deliveries: Vec<rdkafka::producer::DeliveryFuture>,
+    kafka_clock: Option<&KafkaClock>,
+) -> Result<Vec<i64>, Failure> {
+    // Every record acknowledged before the commit: rdkafka's commit flushes by polling in
+    // steps of 100 ms, which the producer's own polling thread leaves idle, so a commit that
+    // finds records still out waits about 100 ms for nothing.
+    // Every report is read: a refused record fails the others of its transaction too (they
+    // are reported "not attempted" or purged), and the one to name is the record refused for
+    // itself, wherever it is in the batch.
+    let handle = tokio::runtime::Handle::current();
+    let mut written = Vec::with_capacity(deliveries.len());
+    let mut failed: Option<(usize, KafkaError)> = None;
+    let mut stamp = None;
+    for (i, d) in deliveries.into_iter().enumerate() {
+        match handle.block_on(d) {
+            Ok(Ok(delivery)) => {
+                stamp = Some(delivery.timestamp);
+                written.push(delivery.offset);
+            }
+            Ok(Err((e, _))) => {
+                if failed
+                    .as_ref()
+                    .is_none_or(|(_, f)| collateral(f) && !collateral(&e))
+                {
+                    failed = Some((i, e));
+                }
+            }
+            Err(_) => {
+                return Err(Failure::Whole(TxnError::Aborted(
+                    "a record's delivery was cancelled".into(),
+                )))
+            }
+        }
+    }
+    // One sample per transaction: the last acknowledgement read.
+    if let (Some(clock), Some(stamp)) = (kafka_clock, stamp) {
+        clock.appended(stamp);
+    }
+    if let Some((i, e)) = failed {
+        // Refused by the authorizer: every record of the refused topics is named.
+        let topics = producer.take_refused();
+        if collateral(&e) && !topics.is_empty() {
+            let records = (outs.iter().enumerate())
+                .filter(|(_, o)| topics.contains(&o.topic))
+                .map(|(i, _)| (i, denied()))
+                .collect();
+            return Err(Failure::Records(records, topics));
+        }
+        return Err(refused(i, e));
+    }
+    Ok(written)
+}
+
+/// Whether a record's delivery failed only because another record of its transaction did.
+fn collateral(e: &KafkaError) -> bool {
+    matches!(
+        e.rdkafka_error_code(),
+        Some(
+            RDKafkaErrorCode::OperationNotAttempted
+                | RDKafkaErrorCode::PurgeQueue
+                | RDKafkaErrorCode::PurgeInflight
+        )
+    )
 }
 
 /// A record refused: fencing and generation errors concern the whole transaction, anything
 /// else this record.
 fn refused(i: usize, e: KafkaError) -> Failure {
     match classify(e.clone()) {
-        TxnError::Aborted(_) => Failure::Record(i, e),
+        TxnError::Aborted(_) => Failure::Records(vec![(i, e)], Vec::new()),
         other => Failure::Whole(other),
     }
 }
@@ -351,15 +497,10 @@ mod tests {
         let batch = vec![work(&[], 2), work(&[], 3), work(&[], 1)];
         let refused = KafkaError::MessageProduction(RDKafkaErrorCode::UnknownTopicOrPartition);
         // The fourth record of the transaction is the second of the second piece.
-        let got = answers(&batch, Failure::Record(3, refused.clone()), None);
+        let one = |e: &KafkaError| Failure::Records(vec![(3, e.clone())], Vec::new());
+        let got = answers(&batch, one(&refused), None);
         assert!(matches!(got[0], Err(TxnError::Aborted(_))), "{:?}", got[0]);
-        assert_eq!(
-            got[1],
-            Err(TxnError::Rejected {
-                index: 1,
-                error: refused
-            })
-        );
+        assert_eq!(got[1], Err(TxnError::Rejected(vec![(1, refused)])));
         assert!(matches!(got[2], Err(TxnError::Aborted(_))), "{:?}", got[2]);
         let got = answers(&batch, Failure::NotOwned(2), None);
         assert!(matches!(got[2], Err(TxnError::Stale(_))), "{:?}", got[2]);
@@ -372,6 +513,37 @@ mod tests {
             let got = answers(&batch, Failure::NotOwned(2), Some(abort));
             assert!(got.iter().all(|r| matches!(r, Err(TxnError::Fenced(_)))));
         }
+        // ...but the pieces whose records were refused learn which, or they would go again
+        // forever: the third and fourth record (of the first and second piece).
+        let refused = Failure::Records(vec![(1, denied()), (3, denied())], vec!["t".into()]);
+        let fenced = Some(TxnError::Fenced("INVALID_TXN_STATE".into()));
+        let got = answers(&batch, refused, fenced);
+        assert_eq!(got[0], Err(TxnError::Rejected(vec![(1, denied())])));
+        assert_eq!(got[1], Err(TxnError::Rejected(vec![(1, denied())])));
+        assert!(matches!(got[2], Err(TxnError::Fenced(_))), "{:?}", got[2]);
+        // A fenced producer's records are purged with their transaction, whose abort fails:
+        // nothing is named, every piece reads as fenced and goes again on a new producer.
+        let purged = KafkaError::MessageProduction(RDKafkaErrorCode::PurgeQueue);
+        let got = answers(
+            &batch,
+            Failure::Records(vec![(0, purged)], Vec::new()),
+            Some(TxnError::Fenced("fenced".into())),
+        );
+        assert!(
+            got.iter().all(|r| matches!(r, Err(TxnError::Fenced(_)))),
+            "{got:?}"
+        );
+    }
+
+    #[test]
+    fn the_record_refused_for_itself_is_named_not_one_failed_along_with_it() {
+        let code = KafkaError::MessageProduction;
+        assert!(collateral(&code(RDKafkaErrorCode::OperationNotAttempted)));
+        assert!(collateral(&code(RDKafkaErrorCode::PurgeQueue)));
+        assert!(!collateral(&code(
+            RDKafkaErrorCode::TopicAuthorizationFailed
+        )));
+        assert!(!collateral(&code(RDKafkaErrorCode::MessageSizeTooLarge)));
     }
 
     #[test]
@@ -379,7 +551,7 @@ mod tests {
         let code = |c| KafkaError::MessageProduction(c);
         assert!(matches!(
             refused(4, code(RDKafkaErrorCode::MessageSizeTooLarge)),
-            Failure::Record(4, _)
+            Failure::Records(r, _) if r.len() == 1 && r[0].0 == 4
         ));
         assert!(matches!(
             refused(4, code(RDKafkaErrorCode::ProducerFenced)),

@@ -32,6 +32,7 @@ impl Contract {
             ));
         };
         self.check_target(target)?;
+        super::route::check(&self.routes, rec.topic, target)?;
         let due_ms = self.due_time(rec, now_ms)?;
         let key = match control(rec.headers, names::SCHEDULER_TARGET_KEY)? {
             Some(k) => Some(k.as_bytes()),

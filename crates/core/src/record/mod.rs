@@ -8,9 +8,11 @@
 mod compat;
 mod reason;
 mod retrying;
+mod route;
 mod stored;
 
 pub use reason::{Reason, Reject};
+pub use route::Route;
 pub use stored::StoredRecord;
 
 use regex::Regex;
@@ -147,6 +149,8 @@ pub struct Contract {
     pub source_pattern: Regex,
     /// When set, targets must match it.
     pub target_allow: Option<Regex>,
+    /// Which targets the records of which source topics may name (none: any).
+    pub routes: Vec<Route>,
     /// Allow targets starting with `__`.
     pub allow_internal_targets: bool,
     /// Furthest a due time may be ahead of now.
@@ -205,6 +209,7 @@ impl Contract {
             ));
         };
         self.check_target(target)?;
+        route::check(&self.routes, rec.topic, target)?;
         if self.retry.topics.is_match(rec.topic)
             || control(rec.headers, retry::names::AFTER)?.is_some()
         {

@@ -7,6 +7,7 @@ fn contract() -> Contract {
     Contract {
         source_pattern: Regex::new(r"^delay\..+").unwrap(),
         target_allow: None,
+        routes: Vec::new(),
         allow_internal_targets: false,
         max_delay_ms: 365 * 86_400_000,
         max_record_bytes: 1_000,
@@ -652,6 +653,7 @@ mod vectors {
         Contract {
             source_pattern: Regex::new(spec["source_pattern"].as_str().unwrap()).unwrap(),
             target_allow: None,
+            routes: Vec::new(),
             allow_internal_targets: false,
             max_delay_ms: spec["max_delay_ms"].as_u64().unwrap(),
             max_record_bytes: spec["max_record_bytes"].as_u64().unwrap() as usize,

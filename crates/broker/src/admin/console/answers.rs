@@ -73,14 +73,10 @@ pub struct Lateness {
     pub delivery_p99: Option<f64>,
 }
 
-/// `GET /api/v1/overview`.
+/// The counts an overview gives, an instance's or the group's sums: the same fields in both.
 #[derive(Debug, Clone, Serialize)]
-pub struct Overview {
-    /// The instance's clock, epoch ms.
-    pub now_ms: u64,
-    /// Who answered.
-    pub instance: Instance,
-    /// Records pending here.
+pub struct Counts {
+    /// Records pending in the partitions owned (standby copies left out).
     pub pending: u64,
     /// Pending by target, most first.
     pub by_target: Vec<TargetPending>,
@@ -90,14 +86,83 @@ pub struct Overview {
     pub oldest_overdue_ms: u64,
     /// Records fire limits hold back, by target.
     pub held: Vec<Held>,
-    /// Fired and dead-lettered in each of the last minutes.
-    pub per_minute: Vec<Minute>,
     /// Records fired since start.
     pub fired_total: u64,
     /// Records dead-lettered since start.
     pub dead_lettered_total: u64,
+}
+
+/// `GET /api/v1/overview`.
+#[derive(Debug, Clone, Serialize)]
+pub struct Overview {
+    /// The instance's clock, epoch ms.
+    pub now_ms: u64,
+    /// Who answered.
+    pub instance: Instance,
+    /// This instance's counts.
+    #[serde(flatten)]
+    pub counts: Counts,
+    /// Fired and dead-lettered in each of the last minutes.
+    pub per_minute: Vec<Minute>,
     /// Lateness quantiles.
     pub lateness_ms: Lateness,
+    /// Handoffs: what this instance restores and keeps warm for others.
+    pub moving: Moving,
+}
+
+/// What an instance restores from the changelog and keeps as standby copies now.
+#[derive(Debug, Clone, Serialize)]
+pub struct Moving {
+    /// Source partitions assigned here and still being restored.
+    pub partitions_restoring: i64,
+    /// Changelog entries those restores have still to read.
+    pub restore_remaining_entries: i64,
+    /// Partitions owned elsewhere that this instance keeps a warm copy of.
+    pub partitions_standby: i64,
+    /// Records in those copies (not in `pending`).
+    pub standby_records: i64,
+    /// Changelog entries the copies were behind when they last caught up.
+    pub standby_lag_entries: i64,
+}
+
+/// A member of the group as `GET /api/v1/group/overview` shows it.
+#[derive(Debug, Clone, Serialize)]
+pub struct Member {
+    /// The HTTP address it advertises (null for a member that is not kafka-delay).
+    pub http: Option<String>,
+    /// Its `client.id` in the group (null where this instance holds every record).
+    pub client_id: Option<String>,
+    /// Its durability mode, as it says in the group (null where it does not say).
+    pub mode: Option<String>,
+    /// The source partitions the group assigned it.
+    pub partitions: Vec<Partition>,
+    /// Whether it gave its overview in time.
+    pub answered: bool,
+    /// Why not, when it did not.
+    pub error: Option<String>,
+    /// Its `GET /api/v1/overview` answer, when it gave one.
+    pub overview: Option<serde_json::Value>,
+}
+
+/// `GET /api/v1/group/overview`: every member's overview and their sums.
+#[derive(Debug, Clone, Serialize)]
+pub struct GroupOverview {
+    /// The asked instance's clock, epoch ms.
+    pub now_ms: u64,
+    /// The consumer group.
+    pub group: String,
+    /// The instance asked (its `Host`, else its HTTP listener).
+    pub asked: String,
+    /// Whether a member did not answer (the sums leave it out; its entry says why).
+    pub partial: bool,
+    /// How long each member was given to answer, ms.
+    pub wait_ms: u64,
+    /// The members' counts summed, over those that answered (the oldest overdue: the most
+    /// overdue of theirs).
+    #[serde(flatten)]
+    pub counts: Counts,
+    /// Every member of the group, as its coordinator lists them.
+    pub members: Vec<Member>,
 }
 
 /// `GET /api/v1/fired`.

@@ -69,7 +69,7 @@ impl Source {
 
     fn consumer(&self) -> Result<BaseConsumer, String> {
         client_config(&self.brokers, "kafka-delay-console", &self.kafka_config)
-            .set("group.id", "kafka-delay-console")
+            .set("group.id", crate::config::CONSOLE_GROUP)
             .set("enable.auto.commit", "false")
             .set("enable.auto.offset.store", "false")
             .set("allow.auto.create.topics", "false")

@@ -10,6 +10,7 @@
 
 pub mod answers;
 pub mod dead_letters;
+pub mod group;
 pub mod minutes;
 pub mod replays;
 
@@ -32,8 +33,8 @@ use crate::metrics::Metrics;
 use crate::publish::history;
 use crate::replay::{Filter, Replay};
 use answers::{
-    DeadLetterTopics, DeadLetters, DuePending, FiredRecords, Held, Instance, Lateness, Overview,
-    Partition, Replays, Started, TargetPending,
+    Counts, DeadLetterTopics, DeadLetters, DuePending, FiredRecords, Held, Instance, Lateness,
+    Moving, Overview, Partition, Replays, Started, TargetPending,
 };
 use kafka_delay_core::clock::Clock;
 
@@ -48,8 +49,9 @@ const CSP: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-
                    connect-src 'self'; form-action 'none'; frame-ancestors 'none'; base-uri 'none'";
 
 /// Routes of the console's API, as (method, path) in the OpenAPI document's notation.
-pub const ROUTES: [(&str, &str); 6] = [
+pub const ROUTES: [(&str, &str); 7] = [
     ("get", "/api/v1/overview"),
+    ("get", "/api/v1/group/overview"),
     ("get", "/api/v1/fired"),
     ("get", "/api/v1/dead-letters"),
     ("get", "/api/v1/dead-letters/{topic}"),
@@ -71,6 +73,7 @@ pub fn router(admin: Admin) -> Router {
             get(|| asset("text/css; charset=utf-8", STYLE)),
         )
         .route("/api/v1/overview", get(overview))
+        .route("/api/v1/group/overview", get(group::overview))
         .route("/api/v1/fired", get(fired))
         .route("/api/v1/dead-letters", get(dead_letter_topics))
         .route("/api/v1/dead-letters/{topic}", get(dead_letter_records))
@@ -143,6 +146,11 @@ fn held(metrics: &Metrics) -> Vec<Held> {
 
 async fn overview(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
     a.authorize(&headers)?;
+    Ok(Json(value(&overview_here(&a, &headers).await?)))
+}
+
+/// This instance's overview.
+async fn overview_here(a: &Admin, headers: &HeaderMap) -> Result<Overview, ApiError> {
     let now = a.clock.now_ms();
     let store = a.store.clone();
     let (snap, earliest, owned) = tokio::task::spawn_blocking(move || {
@@ -150,11 +158,12 @@ async fn overview(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
             .next_offsets()
             .unwrap_or_default()
             .into_keys()
+            .filter(|pid| store.owns(*pid))
             .filter_map(|pid| store.partition_of(pid))
             .map(|(topic, partition)| Partition { topic, partition })
             .collect();
         (
-            store.pending_stats(now),
+            store.owned_stats(now),
             store.earliest_due().ok().flatten(),
             owned,
         )
@@ -169,7 +178,7 @@ async fn overview(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
         .map(|(bucket, pending)| DuePending { bucket, pending })
         .collect();
     let held = held(&a.metrics);
-    let c = &a.console;
+    let (c, b) = (&a.console, &a.metrics.broker);
     let (fired, dead) = (
         total(&a.metrics.fire.records),
         total(&a.metrics.operating.dead_lettered),
@@ -188,25 +197,38 @@ async fn overview(State(a): State<Admin>, headers: HeaderMap) -> ApiResult {
             version: env!("CARGO_PKG_VERSION"),
             owned_partitions: owned,
         },
-        pending: a.store.pending(),
-        by_target: by_target
-            .into_iter()
-            .map(|(target, pending)| TargetPending { target, pending })
-            .collect(),
-        by_due,
-        oldest_overdue_ms: earliest.map_or(0, |due| now.saturating_sub(due)),
-        held,
+        counts: Counts {
+            // Standby copies are not pending here: their owner counts them.
+            pending: a
+                .store
+                .pending()
+                .saturating_sub(u64::try_from(b.standby_records.get()).unwrap_or(0)),
+            by_target: by_target
+                .into_iter()
+                .map(|(target, pending)| TargetPending { target, pending })
+                .collect(),
+            by_due,
+            oldest_overdue_ms: earliest.map_or(0, |due| now.saturating_sub(due)),
+            held,
+            fired_total: fired,
+            dead_lettered_total: dead,
+        },
         per_minute: minutes,
-        fired_total: fired,
-        dead_lettered_total: dead,
         lateness_ms: Lateness {
             fire_p50: quantile_ms(&a.metrics.fire.lateness, 0.5),
             fire_p99: quantile_ms(&a.metrics.fire.lateness, 0.99),
             delivery_p50: quantile_ms(&a.metrics.fire.delivery_lateness, 0.5),
             delivery_p99: quantile_ms(&a.metrics.fire.delivery_lateness, 0.99),
         },
+        moving: Moving {
+            partitions_restoring: b.partitions_restoring.get(),
+            restore_remaining_entries: b.restore_remaining.get(),
+            partitions_standby: b.partitions_standby.get(),
+            standby_records: b.standby_records.get(),
+            standby_lag_entries: b.standby_lag.get(),
+        },
     };
-    Ok(Json(value(&answer)))
+    Ok(answer)
 }
 
 /// Filters of the recently fired records.

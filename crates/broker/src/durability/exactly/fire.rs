@@ -18,7 +18,7 @@ use crate::dead_letter::{self, DeadLetter};
 use crate::publish::reports::Sent;
 use crate::publish::{delete_delivered, Delivery, Fault, Publisher};
 use crate::store::{ReadMark, Store};
-use crate::txn::{Out, TxnError, Work};
+use crate::txn::{Out, Work};
 use crate::BoxFuture;
 use kafka_delay_core::changelog::Entry;
 use kafka_delay_core::id::Pid;
@@ -34,10 +34,10 @@ impl Delivery for Exactly {
                 let r = match &result {
                     Ok(_) => Ok(()),
                     // Each record's target record comes first, then its tombstone.
-                    Err(TxnError::Rejected { index, error }) if *index == 2 * i => {
-                        Err(Fault::Kafka(error.clone()))
-                    }
-                    Err(e) => Err(Fault::Again(e.to_string())),
+                    Err(e) => match e.refusal(2 * i) {
+                        Some(refused) => Err(Fault::Kafka(refused.clone())),
+                        None => Err(Fault::Again(e.to_string())),
+                    },
                 };
                 reports.send_fault(s, r);
             }
@@ -73,9 +73,7 @@ impl Delivery for Exactly {
                         p.dead.count(dl);
                         return true;
                     }
-                    Err(TxnError::Rejected { index: 0, error })
-                        if with_value && dead_letter::too_large(&error) =>
-                    {
+                    Err(e) if with_value && e.refusal(0).is_some_and(dead_letter::too_large) => {
                         warn!(origin = %dl.origin.topic, partition = dl.origin.partition,
                               offset = dl.origin.offset, "dead letter too large; sending it without its value");
                         with_value = false;

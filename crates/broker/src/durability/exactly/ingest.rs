@@ -5,6 +5,7 @@
 //! ([`Consumed::forget_uncommitted`](super::Consumed::forget_uncommitted)).
 
 use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
 
 use tracing::{error, warn};
 
@@ -49,7 +50,21 @@ impl Durable for Exactly {
     fn max_group(&self) -> usize {
         super::super::WAITING_GROUP
     }
+
+    fn broken(&self) -> Option<String> {
+        self.broken
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
 }
+
+/// How long a group's commit may keep failing because the consumer group moved on before the
+/// consumer is taken as unable to rejoin. A rebalance gives the member a new generation in the
+/// background; but a member the coordinator no longer knows (its session ended while the
+/// coordinator was down) must first give up its partitions in a rebalance callback, which only
+/// polling the consumer runs, and ingest does not poll while a group waits to commit.
+const STALE_FOR: Duration = Duration::from_secs(30);
 
 impl Exactly {
     /// Commits what a group changed in one transaction, tried again until it commits; then
@@ -68,6 +83,7 @@ impl Exactly {
         // Dead letters the topic refused as too large go again without their value.
         let mut valueless: HashSet<usize> = HashSet::new();
         let mut backoff = Backoff::standard();
+        let mut stale_since: Option<Instant> = None;
         loop {
             if stopping.is_some_and(|s| *s.borrow()) {
                 return false;
@@ -86,27 +102,45 @@ impl Exactly {
                     }
                     return true;
                 }
-                Err(TxnError::Rejected { index, error }) => {
-                    // The records after the changelog entries are the dead letters.
-                    let letter = index
-                        .checked_sub(changelog.len())
-                        .and_then(|i| dead_of(dead, last).nth(i));
-                    match letter {
-                        Some((dl, at))
-                            if dead_letter::too_large(&error) && !valueless.contains(&at) =>
-                        {
+                Err(TxnError::Rejected(refused)) => {
+                    // The records after the changelog entries are the dead letters; those too
+                    // large go again without their values.
+                    let mut again = false;
+                    for (index, error) in &refused {
+                        let letter = index
+                            .checked_sub(changelog.len())
+                            .and_then(|i| dead_of(dead, last).nth(i));
+                        if let Some((dl, at)) = letter.filter(|(_, at)| {
+                            dead_letter::too_large(error) && !valueless.contains(at)
+                        }) {
                             warn!(origin = %dl.origin.topic, partition = dl.origin.partition,
                                   offset = dl.origin.offset,
                                   "dead letter too large; sending it without its value");
                             valueless.insert(at);
-                            continue;
+                            again = true;
                         }
-                        _ => TxnError::Rejected { index, error },
                     }
+                    if again {
+                        continue;
+                    }
+                    TxnError::Rejected(refused)
                 }
                 Err(e) => e,
             };
             error!(error = %refused, "cannot commit an ingested group; consumption paused, retrying");
+            if let TxnError::Stale(_) = refused {
+                let since = *stale_since.get_or_insert_with(Instant::now);
+                if since.elapsed() >= STALE_FOR {
+                    error!(secs = STALE_FOR.as_secs(), "this member's consumer group moved on and it cannot rejoin while ingest waits on a commit; starting the instance again");
+                    *self.broken.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!(
+                        "the consumer group moved on for {} s: {refused}",
+                        STALE_FOR.as_secs()
+                    ));
+                    return false;
+                }
+            } else {
+                stale_since = None;
+            }
             backoff.wait().await;
         }
     }

@@ -30,6 +30,8 @@ pub(super) struct Exactly {
     grouped: Arc<Grouped>,
     transactions: Transactions,
     consumed: Arc<Consumed>,
+    /// Set when ingest found this member's group gone ([`crate::ingest::Durable::broken`]).
+    broken: Mutex<Option<String>>,
 }
 
 /// The source offset up to which each owned partition's ingest has committed (the offset a

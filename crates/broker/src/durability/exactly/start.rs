@@ -5,7 +5,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::Consumer;
-use rdkafka::producer::FutureProducer;
 use tokio::task::JoinHandle;
 use tracing::info;
 
@@ -36,15 +35,13 @@ pub(in crate::durability) async fn start(
     let producer_config = transactional_producer_config(config, id);
     let renew = {
         let c = producer_config.clone();
-        Arc::new(move || c.create::<FutureProducer>())
+        Arc::new(move || crate::txn::producer(&c))
     };
-    let producer: FutureProducer =
-        producer_config
-            .create()
-            .map_err(|source| KafkaSetupError::Client {
-                client: "transactional producer",
-                source,
-            })?;
+    let producer =
+        crate::txn::producer(&producer_config).map_err(|source| KafkaSetupError::Client {
+            client: "transactional producer",
+            source,
+        })?;
     let group = {
         let c = cx.consumer.clone();
         Arc::new(move || c.group_metadata())
@@ -63,6 +60,7 @@ pub(in crate::durability) async fn start(
         },
         owned: Some(owned),
         renew: Some(renew),
+        kafka_clock: Some(grouped.changelog().kafka_clock().clone()),
         observe: Some(Arc::new(move |outcome, took| {
             metrics
                 .broker
@@ -91,6 +89,7 @@ pub(in crate::durability) async fn start(
         grouped,
         transactions,
         consumed,
+        broken: std::sync::Mutex::default(),
     };
     Ok((Arc::new(exactly), task))
 }

@@ -179,3 +179,59 @@ fn with_ownership_tracked_only_owned_partitions_fire_and_a_disown_reports_what_i
     store.delivered(&fired(&batch), batch.read_at).unwrap();
     assert_eq!(store.claimed_in(a), 0);
 }
+
+#[test]
+fn a_copys_records_are_counted_apart_from_the_owned_ones_until_it_is_owned() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    store.track_ownership();
+    let (mine, theirs) = (
+        store.partition_id("delay.in", 0).unwrap(),
+        store.partition_id("delay.in", 1).unwrap(),
+    );
+    let at = Checkpoint {
+        changelog_next: 7,
+        source_next: Some(4),
+    };
+    store.restore(mine, &history(), at, &mut None).unwrap();
+    store.own(mine);
+    store.restore(theirs, &history(), at, &mut None).unwrap();
+    let owned = |s: &Store| {
+        let snap = s.owned_stats(0);
+        let by_target: u64 = snap.by_target.iter().map(|t| t.1).sum();
+        (by_target, snap.by_due.iter().sum::<u64>())
+    };
+    // Until the copy is counted, its records count as everything's.
+    assert_eq!(owned(&store), (4, 4));
+    assert_eq!(store.count_copy(theirs).unwrap(), 2);
+    assert_eq!(owned(&store), (2, 2));
+    assert_eq!(
+        by_target_total(&store),
+        4,
+        "the store's counts keep every record"
+    );
+    // The copy catching up (a record put, another moved) changes its counts, not the owned.
+    let more = [
+        Restored::Record {
+            offset: 5,
+            record: sched_to("later", None, 9_000, "fifth"),
+        },
+        Restored::Record {
+            offset: 2,
+            record: sched_to("other", None, 9_500, "third"),
+        },
+    ];
+    store.restore(theirs, &more, at, &mut None).unwrap();
+    assert_eq!(owned(&store), (2, 2));
+    assert_eq!(by_target_total(&store), 5);
+    // Owned here: its records are this instance's.
+    store.own(theirs);
+    assert_eq!(owned(&store), (5, 5));
+    // A copy dropped takes its counts along.
+    store.disown(theirs);
+    assert_eq!(store.count_copy(theirs).unwrap(), 3);
+    assert_eq!(owned(&store), (2, 2));
+    store.drop_partition(theirs).unwrap();
+    assert_eq!(owned(&store), (2, 2));
+    assert_eq!(by_target_total(&store), 2);
+}

@@ -5,6 +5,9 @@
 const TOKEN = "kafka-delay-token";
 const view = document.getElementById("view");
 let refresh = null;
+// Counts route()'s renders: a view's read that answers after a newer navigation is dropped, so
+// a slow answer never paints over the page the user went to since.
+let epoch = 0;
 
 // ---- small helpers ----------------------------------------------------------------------
 
@@ -66,6 +69,9 @@ function go(path, params) {
   location.hash = "#" + path + (s ? "?" + s : "");
 }
 
+/** A view's read that a newer navigation superseded: route() drops it. */
+class Stale extends Error {}
+
 class ApiError extends Error {
   constructor(status, message) {
     super(message);
@@ -75,6 +81,7 @@ class ApiError extends Error {
 
 /** A request to the admin API, with the token when one was given. */
 async function api(method, path, body) {
+  const asked = epoch;
   const headers = { Accept: "application/json" };
   const token = sessionStorage.getItem(TOKEN);
   if (token) headers.Authorization = "Bearer " + token;
@@ -86,6 +93,7 @@ async function api(method, path, body) {
     credentials: "omit",
   });
   const data = await r.json().catch(() => ({}));
+  if (method === "GET" && asked !== epoch) throw new Stale(path);
   if (r.status === 401) {
     askToken(data.error);
     throw new ApiError(401, data.error || "a token is needed");
@@ -182,24 +190,37 @@ function askToken(message) {
 // ---- views ------------------------------------------------------------------------------
 
 async function overview() {
-  const o = await api("GET", "/api/v1/overview");
+  // The group's sums (every member asked by the instance this page talks to), and this
+  // instance's own overview among the members for what does not add up (lateness, minutes).
+  const g = await api("GET", "/api/v1/group/overview");
+  const self = g.members.map((m) => m.overview).find((v) => v && v.instance.http === g.asked);
+  const o = self || (await api("GET", "/api/v1/overview"));
+  const several = g.members.length > 1;
   document.getElementById("instance").textContent =
     "instance " + (o.instance.id || "(dynamic member)") + " · group " + o.instance.group + " · v" + o.instance.version;
   const card = (label, value) => el("div", { class: "card" }, el("div", { class: "label" }, label), el("div", { class: "value" }, value));
+  const missing = g.members.filter((m) => !m.answered);
   const l = o.lateness_ms;
   const minutes = o.per_minute.slice(-15).reverse();
   const most = Math.max(1, ...minutes.map((m) => Math.max(m.fired, m.dead_lettered)));
   show(
-    el("h1", {}, "Overview"),
+    el("h1", {}, several ? "Overview of the group (" + g.members.length + " instances)" : "Overview"),
+    missing.length
+      ? el(
+          "p",
+          { id: "partial", class: "error" },
+          "Partial: " + missing.length + " of " + g.members.length + " instances did not answer within " + g.wait_ms / 1000 + " s (" + missing.map((m) => m.http || m.client_id).join(", ") + "); the totals leave them out.",
+        )
+      : [],
     el(
       "div",
       { class: "cards" },
-      card("Pending", fmt(o.pending)),
-      card("Oldest overdue", o.oldest_overdue_ms ? ago(o.oldest_overdue_ms) : "none"),
-      card("Fired since start", fmt(o.fired_total)),
-      card("Dead-lettered since start", fmt(o.dead_lettered_total)),
-      card("Firing lateness p50 / p99", l.fire_p50 === null ? "–" : "≤ " + l.fire_p50 + " / ≤ " + l.fire_p99 + " ms"),
-      card("Delivery lateness p50 / p99", l.delivery_p50 === null ? "–" : "≤ " + l.delivery_p50 + " / ≤ " + l.delivery_p99 + " ms"),
+      card("Pending", fmt(g.pending)),
+      card("Oldest overdue", g.oldest_overdue_ms ? ago(g.oldest_overdue_ms) : "none"),
+      card("Fired since start", fmt(g.fired_total)),
+      card("Dead-lettered since start", fmt(g.dead_lettered_total)),
+      card(several ? "Firing lateness p50 / p99, this instance" : "Firing lateness p50 / p99", l.fire_p50 === null ? "–" : "≤ " + l.fire_p50 + " / ≤ " + l.fire_p99 + " ms"),
+      card(several ? "Delivery lateness p50 / p99, this instance" : "Delivery lateness p50 / p99", l.delivery_p50 === null ? "–" : "≤ " + l.delivery_p50 + " / ≤ " + l.delivery_p99 + " ms"),
     ),
     el(
       "div",
@@ -210,21 +231,21 @@ async function overview() {
         el("h2", {}, "Pending by target"),
         table(
           ["Target", "Pending#"],
-          o.by_target.map((t) =>
+          g.by_target.map((t) =>
             el("tr", {}, el("td", {}, el("a", { href: "#/pending?target=" + encodeURIComponent(t.target) }, t.target)), el("td", { class: "num" }, fmt(t.pending))),
           ),
         ),
         el("h2", {}, "Pending by due time"),
         table(
           ["Due", "Pending#"],
-          o.by_due.map((b) => el("tr", {}, el("td", {}, b.bucket === "overdue" ? "overdue" : b.bucket === "later" ? "later" : "within " + b.bucket), el("td", { class: "num" }, fmt(b.pending)))),
+          g.by_due.map((b) => el("tr", {}, el("td", {}, b.bucket === "overdue" ? "overdue" : b.bucket === "later" ? "later" : "within " + b.bucket), el("td", { class: "num" }, fmt(b.pending)))),
         ),
-        o.held.length ? [el("h2", {}, "Held back by fire limits"), table(["Target", "Held#"], o.held.map((h) => el("tr", {}, el("td", {}, h.target), el("td", { class: "num" }, fmt(h.held)))))] : [],
+        g.held.length ? [el("h2", {}, "Held back by fire limits"), table(["Target", "Held#"], g.held.map((h) => el("tr", {}, el("td", {}, h.target), el("td", { class: "num" }, fmt(h.held)))))] : [],
       ),
       el(
         "section",
         {},
-        el("h2", {}, "Fired and dead-lettered per minute"),
+        el("h2", {}, several ? "Fired and dead-lettered per minute, this instance" : "Fired and dead-lettered per minute"),
         table(
           ["Minute", "Fired#", "", "Dead-lettered#"],
           minutes.map((m) =>
@@ -237,6 +258,26 @@ async function overview() {
               el("td", { class: "num" }, fmt(m.dead_lettered)),
             ),
           ),
+        ),
+        el("h2", {}, "Instances"),
+        table(
+          ["Instance", "Mode", "Version", "Partitions#", "Pending#", "Standby copies#", "Restoring", "Answered"],
+          g.members.map((m) => {
+            const v = m.overview;
+            const moving = v && v.moving;
+            return el(
+              "tr",
+              { class: m.answered ? "" : "missing" },
+              el("td", { class: "mono address" }, m.http || m.client_id || "?", m.http === g.asked ? " (this one)" : ""),
+              el("td", {}, m.mode || "–"),
+              el("td", {}, v ? v.instance.version : "–"),
+              el("td", { class: "num" }, m.partitions.length),
+              el("td", { class: "num" }, v ? fmt(v.pending) : "–"),
+              el("td", { class: "num" }, moving ? (moving.partitions_standby ? fmt(moving.standby_records) + " in " + moving.partitions_standby + " partitions, " + fmt(moving.standby_lag_entries) + " changelog entries behind" : "none") : "–"),
+              el("td", {}, moving ? (moving.partitions_restoring ? moving.partitions_restoring + " partitions, " + fmt(moving.restore_remaining_entries) + " entries left" : "none") : "–"),
+              el("td", {}, m.answered ? "yes" : m.error),
+            );
+          }),
         ),
         el("h2", {}, "Ownership"),
         el(
@@ -269,27 +310,38 @@ async function pending() {
     (v) => go("/pending", v),
     "pending-search",
   );
-  const data = await api("GET", "/api/v1/pending?" + new URLSearchParams({ ...params, limit: "50" }));
+  // Every instance's records, merged in due order (the instance asked gathers them).
+  const data = await api("GET", "/api/v1/group/pending?" + new URLSearchParams({ ...params, limit: "50" }));
   const filter = { ...params };
   delete filter.cursor;
   const hasFilter = Object.keys(filter).length > 0;
   const reload = () => route();
+  const several = data.members.length > 1;
+  const missing = data.members.filter((m) => !m.answered);
+  // A record held by another instance is named by its ref, which any instance sends on.
+  const name = (r) => (r.served_by ? r.ref : r.id);
   const rows = data.records.map((r) =>
     el(
       "tr",
       { "data-id": r.id },
-      el("td", {}, el("a", { href: "#/record/" + r.id }, el("code", {}, r.id))),
+      el("td", {}, el("a", { href: "#/record/" + encodeURIComponent(name(r)) }, el("code", {}, r.id))),
       el("td", {}, iso(r.due_ms)),
       el("td", {}, r.target),
       el("td", { class: "mono" }, r.source.topic + "/" + r.source.partition + "@" + r.source.offset),
+      several ? el("td", { class: "mono address" }, r.served_by || "") : [],
       el(
         "td",
         { class: "actions" },
-        el("button", { class: "cancel", onclick: () => act("Cancel record " + r.id + " (due " + iso(r.due_ms) + ", target " + r.target + ")? It will never be delivered.", "DELETE", "/api/v1/pending/" + r.id, undefined, () => "Cancelled " + r.id, reload) }, "Cancel"),
-        el("button", { class: "fire", onclick: () => act("Fire record " + r.id + " to " + r.target + " now?", "POST", "/api/v1/pending/" + r.id + "/fire", {}, () => "Fired " + r.id + " now (at its turn if a fire limit holds its target)", reload) }, "Fire now"),
+        el("button", { class: "cancel", onclick: () => act("Cancel record " + r.id + " (due " + iso(r.due_ms) + ", target " + r.target + ")? It will never be delivered.", "DELETE", "/api/v1/pending/" + encodeURIComponent(name(r)), undefined, () => "Cancelled " + r.id, reload) }, "Cancel"),
+        el("button", { class: "fire", onclick: () => act("Fire record " + r.id + " to " + r.target + " now?", "POST", "/api/v1/pending/" + encodeURIComponent(name(r)) + "/fire", {}, () => "Fired " + r.id + " now (at its turn if a fire limit holds its target)", reload) }, "Fire now"),
       ),
     ),
   );
+  // A bulk action's outcome, with the instances it could not reach.
+  const across = (verb) => (r) =>
+    verb + " " + r.changed + " of " + r.matched + (several ? " on " + r.members.filter((m) => m.answered).length + " of " + r.members.length + " instances" : "") +
+    (r.more ? " (more match: repeat)" : "") +
+    (r.partial ? "; not applied on " + r.members.filter((m) => !m.answered).map((m) => m.http || m.client_id).join(", ") + ": repeat it" : "");
   const delay = el("input", { id: "bulk-delay", placeholder: "delay, e.g. 10m", value: "" });
   const bulkText = () => Object.entries(filter).map(([k, v]) => k + "=" + v).join(", ");
   const bulk = hasFilter
@@ -297,17 +349,20 @@ async function pending() {
         "div",
         { class: "bulk actions" },
         el("span", {}, "Every pending record matching " + bulkText() + ":"),
-        el("button", { id: "bulk-cancel", onclick: () => act("Cancel every pending record matching " + bulkText() + "?", "POST", "/api/v1/bulk/cancel", filter, (r) => "Cancelled " + r.changed + " of " + r.matched + (r.more ? " (more match: repeat)" : ""), reload) }, "Cancel all"),
-        el("button", { id: "bulk-fire", onclick: () => act("Fire every pending record matching " + bulkText() + " now?", "POST", "/api/v1/bulk/fire", filter, (r) => "Fired " + r.changed + " of " + r.matched + " now" + (r.more ? " (more match: repeat)" : ""), reload) }, "Fire all now"),
+        el("button", { id: "bulk-cancel", onclick: () => act("Cancel every pending record matching " + bulkText() + "?", "POST", "/api/v1/group/bulk/cancel", filter, across("Cancelled"), reload) }, "Cancel all"),
+        el("button", { id: "bulk-fire", onclick: () => act("Fire every pending record matching " + bulkText() + " now?", "POST", "/api/v1/group/bulk/fire", filter, across("Fired"), reload) }, "Fire all now"),
         delay,
-        el("button", { id: "bulk-reschedule", onclick: () => act("Move every pending record matching " + bulkText() + " to " + delay.value + " from now?", "POST", "/api/v1/bulk/reschedule", { ...filter, delay: delay.value }, (r) => "Rescheduled " + r.changed + " of " + r.matched, reload) }, "Reschedule all"),
+        el("button", { id: "bulk-reschedule", onclick: () => act("Move every pending record matching " + bulkText() + " to " + delay.value + " from now?", "POST", "/api/v1/group/bulk/reschedule", { ...filter, delay: delay.value }, across("Rescheduled"), reload) }, "Reschedule all"),
       )
     : el("p", { class: "muted" }, "Search to act on every matching record at once.");
   show(
-    el("h1", {}, "Pending records"),
+    el("h1", {}, several ? "Pending records of the group (" + data.members.length + " instances)" : "Pending records"),
+    missing.length
+      ? el("p", { id: "partial", class: "error" }, "Partial: " + missing.map((m) => (m.http || m.client_id) + " (" + m.error + ")").join(", ") + ": its records are not listed.")
+      : [],
     form,
     bulk,
-    table(["Id", "Due", "Target", "Source", ""], rows),
+    table(several ? ["Id", "Due", "Target", "Source", "Instance", ""] : ["Id", "Due", "Target", "Source", ""], rows),
     data.next_cursor ? el("p", {}, el("a", { id: "next-page", href: "#/pending?" + new URLSearchParams({ ...filter, cursor: data.next_cursor }) }, "Next page →")) : [],
   );
 }
@@ -350,6 +405,8 @@ async function record(id) {
     return;
   }
   const back = () => go("/pending", { target: r.target });
+  // Held by another instance (sent on by ref): acted on by its ref too.
+  const name = encodeURIComponent(r.served_by ? r.ref : r.id);
   const when = el("input", { id: "reschedule-when", placeholder: "30s, 2h, or an RFC 3339 time" });
   const dd = (label, value) => [el("dt", {}, label), el("dd", {}, value)];
   show(
@@ -364,20 +421,20 @@ async function record(id) {
       dd("Source", r.source.topic + " partition " + r.source.partition + " offset " + r.source.offset),
       dd("Attempts", (r.headers.find((h) => h.key === "retry-attempt") || {}).value || "0 (not a retry)"),
       dd("Value", (r.value_bytes === null ? "null" : fmt(r.value_bytes) + " bytes")),
-      dd("Owner", "this instance"),
+      dd("Owner", r.served_by || "this instance"),
     ),
     el(
       "div",
       { class: "bulk actions" },
-      el("button", { id: "record-cancel", onclick: () => act("Cancel record " + r.id + "? It will never be delivered.", "DELETE", "/api/v1/pending/" + r.id, undefined, () => "Cancelled " + r.id, back) }, "Cancel"),
-      el("button", { id: "record-fire", onclick: () => act("Fire record " + r.id + " to " + r.target + " now?", "POST", "/api/v1/pending/" + r.id + "/fire", {}, () => "Fired " + r.id + " now (at its turn if a fire limit holds its target)", back) }, "Fire now"),
+      el("button", { id: "record-cancel", onclick: () => act("Cancel record " + r.id + "? It will never be delivered.", "DELETE", "/api/v1/pending/" + name, undefined, () => "Cancelled " + r.id, back) }, "Cancel"),
+      el("button", { id: "record-fire", onclick: () => act("Fire record " + r.id + " to " + r.target + " now?", "POST", "/api/v1/pending/" + name + "/fire", {}, () => "Fired " + r.id + " now (at its turn if a fire limit holds its target)", back) }, "Fire now"),
       when,
       el("button", {
         id: "record-reschedule",
         onclick: () => {
           const v = when.value.trim();
           const body = /^\d+(ms|s|m|h|d)$/.test(v) ? { delay: v } : { due: v };
-          act("Move record " + r.id + " to " + v + "?", "POST", "/api/v1/pending/" + r.id + "/reschedule", body, (x) => "Rescheduled " + r.id + " to " + iso(x.record.due_ms), () => route());
+          act("Move record " + r.id + " to " + v + "?", "POST", "/api/v1/pending/" + name + "/reschedule", body, (x) => "Rescheduled " + r.id + " to " + iso(x.record.due_ms), () => route());
         },
       }, "Reschedule"),
     ),
@@ -490,6 +547,7 @@ async function fired() {
 
 async function route() {
   clearInterval(refresh);
+  epoch += 1;
   const path = (location.hash.slice(1) || "/").split("?")[0];
   const parts = path.split("/").filter(Boolean).map(decodeURIComponent);
   const name = parts[0] || "overview";
@@ -509,6 +567,7 @@ async function route() {
     else if (name === "fired") await fired();
     else show(el("h1", {}, "Not found"), el("a", { href: "#/" }, "Overview"));
   } catch (e) {
+    if (e instanceof Stale) return;
     if (e.status !== 401) show(el("h1", {}, "Error"), el("p", { id: "error" }, e.message));
   }
 }

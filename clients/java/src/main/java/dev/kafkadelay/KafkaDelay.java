@@ -4,14 +4,19 @@ import static java.nio.charset.StandardCharsets.UTF_8;
 
 import java.time.Duration;
 import java.time.Instant;
+import java.util.concurrent.ExecutionException;
+import org.apache.kafka.clients.consumer.AcknowledgeType;
 import org.apache.kafka.clients.consumer.ConsumerRecord;
+import org.apache.kafka.clients.consumer.ShareConsumer;
+import org.apache.kafka.clients.producer.Producer;
 import org.apache.kafka.clients.producer.ProducerRecord;
 import org.apache.kafka.common.header.Header;
+import org.apache.kafka.common.utils.Utils;
 
 /**
  * Records for kafka-delay with kafka-clients: {@link #delayed} and {@link #cancel} for delay
- * topics, {@link #retry} and {@link #attempt} for consumers that retry through kafka-delay, and
- * the header names of the contract.
+ * topics, {@link #retry} and {@link #attempt} for consumers that retry through kafka-delay
+ * (consumer groups and share groups), and the header names of the contract.
  */
 public final class KafkaDelay {
     public static final String TARGET = "delay-target";
@@ -56,6 +61,14 @@ public final class KafkaDelay {
     /** The consumed record sent back through kafka-delay's retry topic, to return to its topic. */
     public static Retry retry(ConsumerRecord<byte[], byte[]> rec) {
         return new Retry(rec);
+    }
+
+    /**
+     * The {@code delay-id} of a share group's retry: the delivered record's topic, partition and
+     * offset, the same however often the share group delivers it.
+     */
+    public static String shareRetryId(ConsumerRecord<?, ?> rec) {
+        return "share-retry:" + rec.topic() + "/" + rec.partition() + "/" + rec.offset();
     }
 
     /** Builds a delayed record: give {@link #after} or {@link #until} (or neither on a fixed-delay topic). */
@@ -140,6 +153,38 @@ public final class KafkaDelay {
         public Retry maxAttempts(int n) {
             this.maxAttempts = n;
             return this;
+        }
+
+        /**
+         * For a share group (KIP-932): sends the retry, waits until the Kafka cluster has it, then
+         * accepts the record ({@code share.acknowledgement.mode=explicit}; the acknowledgement goes
+         * to the broker with the consumer's next poll or commit). The retry is named after this
+         * delivery ({@code delay-id}, see {@link #shareRetryId}), so when the consumer dies between
+         * the send and the acknowledgement and the share group delivers the record again, the
+         * retry sent then replaces the first while that one is still pending: one retry, not two.
+         * A retry-after shorter than the group's record lock ({@code share.record.lock.duration.ms},
+         * 30 s by default) can let the first one fire before a crashed consumer's record comes
+         * back; the second is then a second retry (at least once).
+         */
+        public void sendAndAccept(Producer<byte[], byte[]> producer, ShareConsumer<byte[], byte[]> consumer)
+                throws InterruptedException, ExecutionException {
+            producer.send(forShareGroup(producer)).get();
+            consumer.acknowledge(rec, AcknowledgeType.ACCEPT);
+        }
+
+        /**
+         * The retry {@link #sendAndAccept} sends: {@link #build()} with the {@code delay-id} of
+         * this delivery, on the retry topic's partition the id picks when the record has no key
+         * (a keyed record goes where its key does, so a second retry meets the first).
+         */
+        public ProducerRecord<byte[], byte[]> forShareGroup(Producer<byte[], byte[]> producer) {
+            ProducerRecord<byte[], byte[]> r = build();
+            String id = shareRetryId(rec);
+            r.headers().add(ID, id.getBytes(UTF_8));
+            if (rec.key() != null) return r;
+            int partitions = producer.partitionsFor(topic).size();
+            int partition = Utils.toPositive(Utils.murmur2(id.getBytes(UTF_8))) % partitions;
+            return new ProducerRecord<>(topic, partition, r.timestamp(), r.key(), r.value(), r.headers());
         }
 
         public ProducerRecord<byte[], byte[]> build() {

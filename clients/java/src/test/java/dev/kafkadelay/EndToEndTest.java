@@ -6,10 +6,6 @@ import static org.junit.jupiter.api.Assertions.assertNotNull;
 import static org.junit.jupiter.api.Assertions.assertTrue;
 
 import java.net.ServerSocket;
-import java.net.URI;
-import java.net.http.HttpClient;
-import java.net.http.HttpRequest;
-import java.net.http.HttpResponse;
 import java.nio.file.Path;
 import java.time.Duration;
 import java.util.List;
@@ -80,19 +76,7 @@ class EndToEndTest {
                 "value.deserializer", ByteArrayDeserializer.class.getName(), "enable.auto.commit", "false");
         try (KafkaProducer<byte[], byte[]> producer = new KafkaProducer<>(pc);
              KafkaConsumer<byte[], byte[]> consumer = new KafkaConsumer<>(cc)) {
-            HttpClient http = HttpClient.newHttpClient();
-            long readyBy = System.currentTimeMillis() + 60_000;
-            while (true) {
-                assertTrue(broker.isAlive(), "kafka-delay exited");
-                try {
-                    if (http.send(HttpRequest.newBuilder(URI.create("http://127.0.0.1:" + port + "/readyz")).build(),
-                            HttpResponse.BodyHandlers.discarding()).statusCode() == 200) break;
-                } catch (java.io.IOException e) {
-                    // not listening yet
-                }
-                assertTrue(System.currentTimeMillis() < readyBy, "kafka-delay not ready within 60 s");
-                Thread.sleep(100);
-            }
+            ShareGroupTest.waitReady(broker, port);
             TopicPartition tp = new TopicPartition(target, 0);
             consumer.assign(List.of(tp));
             consumer.seekToBeginning(List.of(tp));

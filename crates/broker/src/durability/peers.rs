@@ -1,0 +1,279 @@
+//! Whether this instance may join its consumer group, from the members the coordinator names
+//! when it starts: an instance without the changelog keeps the only copy of its records and
+//! must be alone in its group (a second member would take partitions whose records stay, and
+//! keep firing, on the first), and the instances of a group all run one mode.
+//!
+//! Each instance says its mode in its ingest consumer's `client.id`
+//! ([`crate::changelog::owners::client_id`]), so the check needs nothing but the group's
+//! description. The decision is pure ([`verdict`]); [`check`] asks the coordinator, and waits
+//! for a member that may be a dead one (its session running out) before it refuses.
+
+use std::time::{Duration, Instant};
+
+use rdkafka::admin::AdminClient;
+use rdkafka::client::DefaultClientContext;
+use rdkafka::types::RDKafkaErrorCode;
+use thiserror::Error;
+use tracing::{info, warn};
+
+use crate::changelog::owners::{self, Peer, LEGACY_CLIENT_ID_PREFIX};
+use crate::changelog::GroupError;
+use crate::config::Config;
+use crate::kafka::{base_config, KafkaSetupError};
+
+/// Why this instance may not join its group.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("group '{group}' has another member this instance cannot run beside: {member} (client.id '{client_id}', from {host}); {why}")]
+pub struct Refusal {
+    /// The group.
+    pub group: String,
+    /// The other member's id.
+    pub member: String,
+    /// Its `client.id`.
+    pub client_id: String,
+    /// Its host.
+    pub host: String,
+    /// What is wrong and what to do.
+    pub why: String,
+}
+
+/// What `mode` (this instance's, [`crate::durability::Prepared::name`]) makes of the other
+/// members of `group`. `instance_id` is this instance's `group.instance.id`: a member with it
+/// is this instance's own earlier life (killed or restarted within its session), not another.
+///
+/// # Errors
+/// The first member this instance cannot run beside.
+pub(super) fn verdict(
+    group: &str,
+    mode: &str,
+    instance_id: Option<&str>,
+    peers: &[Peer],
+) -> Result<(), Refusal> {
+    let own = |p: &Peer| instance_id.is_some_and(|id| earlier_life(&p.member_id, id));
+    for p in peers.iter().filter(|p| !own(p)) {
+        let theirs = owners::mode_of(&p.client_id);
+        let why = match (mode, theirs) {
+            ("local", _) => Some(
+                "without the changelog (--no-changelog) an instance keeps the only copy of its \
+                 records and must be alone in its group: stop the other member, or run every \
+                 instance with the changelog (leave out --no-changelog)"
+                    .to_owned(),
+            ),
+            (_, Some(m)) if m == mode => None,
+            (_, Some(m)) => Some(format!(
+                "it runs the {m} mode and this instance the {mode} mode: run every instance \
+                 of a group in one mode (the same --no-changelog and --exactly-once flags)"
+            )),
+            // An instance of an earlier version (it named no mode) runs a changelog mode: a
+            // rolling upgrade meets it.
+            (_, None) if p.client_id.starts_with(LEGACY_CLIENT_ID_PREFIX) => None,
+            (_, None) => Some(
+                "it is not a kafka-delay instance of this version, or runs without the \
+                 changelog: give this group to kafka-delay alone (another --group-id), or stop it"
+                    .to_owned(),
+            ),
+        };
+        if let Some(why) = why {
+            return Err(Refusal {
+                group: group.to_owned(),
+                member: p.member_id.clone(),
+                client_id: p.client_id.clone(),
+                host: p.host.clone(),
+                why,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// Whether `member_id` is the member id the coordinator gives a static member of
+/// `group.instance.id` `id`: the id, a dash, and a UUID.
+fn earlier_life(member_id: &str, id: &str) -> bool {
+    member_id
+        .strip_prefix(id)
+        .and_then(|rest| rest.strip_prefix('-'))
+        .is_some_and(|uuid| {
+            uuid.len() == 36 && uuid.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
+        })
+}
+
+/// Why the group check did not pass.
+#[derive(Debug, Error)]
+pub enum CheckError {
+    /// Another member this instance cannot run beside.
+    #[error(transparent)]
+    Refused(Box<Refusal>),
+    /// The coordinator could not be asked.
+    #[error(transparent)]
+    Group(#[from] GroupError),
+    /// The client to ask it could not be made.
+    #[error(transparent)]
+    Client(#[from] KafkaSetupError),
+}
+
+/// Asks the coordinator who is in the group and applies [`verdict`] for `mode`; a member it
+/// refuses is asked about again until the group's session timeout and two seconds have passed
+/// (a killed instance stays a member until its session runs out, then the group drops it).
+/// Blocking.
+///
+/// # Errors
+/// [`CheckError::Refused`] for a member still there then; the others when the coordinator
+/// cannot be asked.
+pub(super) fn check(config: &Config, mode: &str) -> Result<(), CheckError> {
+    let group = config.kafka.group_id.as_str();
+    let admin: AdminClient<DefaultClientContext> =
+        base_config(config)
+            .create()
+            .map_err(|source| KafkaSetupError::Client {
+                client: "group check",
+                source,
+            })?;
+    let session = config
+        .kafka
+        .properties
+        .iter()
+        .find(|p| p.key == "session.timeout.ms")
+        .and_then(|p| p.value.parse().ok())
+        .unwrap_or(6_000u64);
+    let wait = Duration::from_millis(session + 2_000);
+    let started = Instant::now();
+    let until = started + wait;
+    let mut said = false;
+    let mut busy_said = false;
+    loop {
+        let peers = match owners::members(admin.inner(), group) {
+            Err(GroupError::Describe { source, .. })
+                if source.rdkafka_error_code() == Some(RDKafkaErrorCode::UnsupportedFeature) =>
+            {
+                warn!(
+                    group,
+                    mode,
+                    "the cluster does not describe groups (librdkafka's mock \
+                      cluster?): the group's other members are not checked"
+                );
+                return Ok(());
+            }
+            Err(GroupError::Describe { source, .. })
+                if coordinator_busy(source.rdkafka_error_code())
+                    && started.elapsed() < COORDINATOR_WAIT =>
+            {
+                if !busy_said {
+                    warn!(group, error = %source, "the group coordinator is not ready yet; asking again");
+                    busy_said = true;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+                continue;
+            }
+            answer => answer?,
+        };
+        match verdict(group, mode, config.kafka.instance_id.as_deref(), &peers) {
+            Ok(()) => {
+                info!(group, mode, members = peers.len(), "group check passed");
+                return Ok(());
+            }
+            Err(refusal) if Instant::now() >= until => {
+                return Err(CheckError::Refused(Box::new(refusal)))
+            }
+            Err(refusal) => {
+                if !said {
+                    warn!(%refusal, wait_ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX),
+                          "waiting to see whether the other member is a dead one whose session runs out");
+                    said = true;
+                }
+                std::thread::sleep(Duration::from_millis(500));
+            }
+        }
+    }
+}
+
+/// How long a coordinator that is still loading or moving is asked again before the start
+/// fails (a broker that has just started loads its group metadata first, in seconds).
+const COORDINATOR_WAIT: Duration = Duration::from_secs(20);
+
+/// Whether the coordinator's answer means "not yet" rather than "no": it is loading the
+/// group's metadata, or the group's coordinator is moving. (A request that timed out already
+/// waited 10 s, and fails the start as before.)
+fn coordinator_busy(code: Option<RDKafkaErrorCode>) -> bool {
+    matches!(
+        code,
+        Some(
+            RDKafkaErrorCode::CoordinatorLoadInProgress
+                | RDKafkaErrorCode::CoordinatorNotAvailable
+                | RDKafkaErrorCode::NotCoordinator
+        )
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn peer(member_id: &str, client_id: &str) -> Peer {
+        Peer {
+            member_id: member_id.into(),
+            client_id: client_id.into(),
+            host: "/10.0.0.7".into(),
+        }
+    }
+
+    #[test]
+    fn a_coordinator_that_is_loading_or_moving_is_asked_again_and_a_refusal_is_not() {
+        assert!(coordinator_busy(Some(
+            RDKafkaErrorCode::CoordinatorLoadInProgress
+        )));
+        assert!(coordinator_busy(Some(RDKafkaErrorCode::NotCoordinator)));
+        assert!(!coordinator_busy(Some(
+            RDKafkaErrorCode::GroupAuthorizationFailed
+        )));
+        assert!(!coordinator_busy(None));
+    }
+
+    const UUID: &str = "0f8fad5b-d9cb-469f-a165-70867728950e";
+
+    #[test]
+    fn an_instance_without_the_changelog_must_be_alone_but_for_its_own_earlier_life() {
+        let earlier = peer(&format!("a-{UUID}"), "kafka-delay/local@10.0.0.1:8080");
+        assert_eq!(verdict("g", "local", Some("a"), &[]), Ok(()));
+        assert_eq!(
+            verdict("g", "local", Some("a"), std::slice::from_ref(&earlier)),
+            Ok(())
+        );
+        let other = peer(&format!("b-{UUID}"), "kafka-delay/local@10.0.0.2:8080");
+        let refusal = verdict("g", "local", Some("a"), &[earlier.clone(), other]).unwrap_err();
+        assert_eq!(refusal.member, format!("b-{UUID}"));
+        let said = refusal.to_string();
+        assert!(
+            said.contains("b-0f8f") && said.contains("10.0.0.7") && said.contains("--no-changelog"),
+            "{said}"
+        );
+        // Without a static id every member is another one; so is an id that only begins alike.
+        assert!(verdict("g", "local", None, &[earlier]).is_err());
+        let longer = peer(&format!("a-b-{UUID}"), "kafka-delay/local@10.0.0.2:8080");
+        assert!(verdict("g", "local", Some("a"), &[longer]).is_err());
+    }
+
+    #[test]
+    fn instances_of_a_group_run_one_mode() {
+        let changelog = peer("b-1", "kafka-delay/changelog@10.0.0.2:8080");
+        let exactly = peer("c-1", "kafka-delay/exactly-once@10.0.0.3:8080");
+        assert_eq!(
+            verdict(
+                "g",
+                "changelog",
+                Some("a"),
+                std::slice::from_ref(&changelog)
+            ),
+            Ok(())
+        );
+        let refusal = verdict("g", "changelog", Some("a"), &[changelog, exactly]).unwrap_err();
+        assert_eq!(refusal.member, "c-1");
+        assert!(refusal.why.contains("exactly-once mode"), "{}", refusal.why);
+        let local = peer("d-1", "kafka-delay/local@10.0.0.4:8080");
+        assert!(verdict("g", "exactly-once", Some("a"), &[local]).is_err());
+        let stranger = peer("rdkafka-5c1", "rdkafka");
+        assert!(verdict("g", "changelog", Some("a"), &[stranger]).is_err());
+        // An instance of the version before, which named no mode, during a rolling upgrade.
+        let older = peer("e-1", "kafka-delay@10.0.0.5:8080");
+        assert_eq!(verdict("g", "changelog", Some("a"), &[older]), Ok(()));
+    }
+}

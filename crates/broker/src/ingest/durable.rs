@@ -1,0 +1,99 @@
+//! What ingest asks of the durability mode: each group made safe beyond this disk, the source
+//! offsets committed, and what happens when partitions change owner.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rdkafka::consumer::BaseConsumer;
+use rdkafka::TopicPartitionList;
+use tokio::sync::watch;
+
+use super::IngestContext;
+use crate::dead_letter::{DeadLetter, DeadLetters};
+use crate::store::{Applied, IngestOp, StoreError};
+use crate::BoxFuture;
+use kafka_delay_core::id::Pid;
+
+/// Longest a group's dead letters may take before each is retried on its own.
+const DEAD_LETTER_WAIT: Duration = Duration::from_secs(60);
+
+/// The last offset of each source partition in a group, by the partition's store id.
+pub type Last<'m> = HashMap<Pid, (&'m str, i32, i64)>;
+
+/// A group of records RocksDB has taken, for the durability mode to make safe beyond this disk.
+#[derive(Debug)]
+pub struct Stored<'a, 'm> {
+    /// The group's store operations, in offset order.
+    pub ops: &'a [IngestOp],
+    /// What RocksDB did with them.
+    pub applied: &'a Applied,
+    /// The last offset of each source partition; the mode leaves out partitions that are no
+    /// longer owned here.
+    pub last: &'a mut Last<'m>,
+    /// The group's rejected records.
+    pub dead: &'a [DeadLetter],
+    /// Where rejected records go.
+    pub dead_letters: &'a DeadLetters,
+    /// Turns true when the broker stops: a write that keeps failing gives up then.
+    pub stopping: Option<&'a watch::Receiver<bool>>,
+}
+
+/// How a group's source offsets reach the consumer group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OffsetCommit {
+    /// Stored in the consumer once the group is safe; auto-committed, and committed at
+    /// shutdown.
+    Consumer,
+    /// Committed by the mode with the group itself: ingest commits nothing.
+    WithGroup,
+}
+
+/// What the durability mode does with each group ingest takes. Built once at start (see
+/// `crate::durability`); ingest never asks which mode it runs in.
+pub trait Durable: Send + Sync + std::fmt::Debug {
+    /// Where each source partition resumes when ingest starts (anything below was stored).
+    /// Blocking.
+    ///
+    /// # Errors
+    /// RocksDB could not be read.
+    fn start_offsets(&self) -> Result<HashMap<Pid, i64>, StoreError>;
+    /// Where the partitions handed to this instance since the last call resume.
+    fn resumed(&self) -> HashMap<Pid, i64>;
+    /// Before the group is stored: what becomes of its rejected records. Unless the mode says
+    /// otherwise, they are written to the dead-letter topic and acknowledged first.
+    fn before_store<'a>(
+        &'a self,
+        dead_letters: &'a DeadLetters,
+        dead: &'a [DeadLetter],
+    ) -> BoxFuture<'a, ()> {
+        Box::pin(async move {
+            if !dead.is_empty() {
+                dead_letters.deliver_all(dead, DEAD_LETTER_WAIT).await;
+            }
+        })
+    }
+    /// After RocksDB took the group, before its offsets are stored and its records reach the
+    /// wheel: makes it safe beyond this disk. `false`: not made safe (stopping, or none of its
+    /// partitions is owned here any more); nothing of the group is acknowledged.
+    fn after_store<'a, 'm: 'a>(&'a self, group: Stored<'a, 'm>) -> BoxFuture<'a, bool>;
+    /// How source offsets reach the group.
+    fn offset_commit(&self) -> OffsetCommit;
+    /// Most records in one group.
+    fn max_group(&self) -> usize;
+    /// Why the consumer must start again, once the mode found that out: its group moved on
+    /// while a group of records waited to commit, and it rejoins only when polled.
+    fn broken(&self) -> Option<String> {
+        None
+    }
+}
+
+/// What the durability mode does when source partitions change owner (called in the consumer's
+/// rebalance callback).
+pub trait Rebalance: Send + Sync + std::fmt::Debug {
+    /// Before `tpl` is assigned: may set where its partitions start.
+    fn assigning(&self, tpl: &mut TopicPartitionList);
+    /// Once `tpl` is assigned.
+    fn assigned(&self, consumer: &BaseConsumer<IngestContext>, tpl: &TopicPartitionList);
+    /// Before `tpl` is let go.
+    fn revoking(&self, tpl: &TopicPartitionList);
+}
