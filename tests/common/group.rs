@@ -139,6 +139,34 @@ impl Instance {
             .status()
             .is_ok_and(|s| s.success());
         assert!(ok, "kill -{signal} {pid}");
+        if signal == "STOP" {
+            wait_stopped(&pid);
+        }
+    }
+}
+
+/// Waits until every thread of `pid` is stopped. `kill -STOP` returns once the signal is
+/// queued: the process stops when one of its threads next runs, and on a loaded machine
+/// another thread can still answer a request in between.
+fn wait_stopped(pid: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let stopped = || {
+        let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) else {
+            return false;
+        };
+        tasks.flatten().all(|t| {
+            let stat = std::fs::read_to_string(t.path().join("stat")).unwrap_or_default();
+            // `pid (comm) state ...`: comm may hold spaces and parentheses.
+            let state = stat.rsplit_once(')').map(|(_, rest)| rest.trim_start());
+            state.is_some_and(|s| s.starts_with('T') || s.starts_with('t'))
+        })
+    };
+    while !stopped() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "pid {pid} not stopped 10 s after SIGSTOP"
+        );
+        std::thread::sleep(Duration::from_millis(10));
     }
 }
 
