@@ -201,8 +201,13 @@ impl Prepared {
             let (handoff, events) = Handoff::new(moving.clone());
             let resumes = Arc::new(Resumes::default());
             let mode = if consumed.is_some() { EXACTLY } else { LOGGED };
+            let takeover = Takeover::new(moving.clone(), events, resumes.clone(), on_restored);
             let movers = Movers {
-                takeover: Takeover::new(moving.clone(), events, resumes.clone(), on_restored),
+                takeover: if consumed.is_some() {
+                    takeover.after_open_transactions()
+                } else {
+                    takeover
+                },
                 standbys: Standbys::new(moving, changelog::owners::client_id(mode, &advertised)),
             };
             let operators = Operators::new(

@@ -56,13 +56,21 @@ pub(super) async fn run(producer: TxnProducer, setup: Setup, mut rx: mpsc::Recei
         }
         producing = renewed(producing, &setup).await;
         let started = Instant::now();
-        let results = match &producing {
-            Producing::Fenced(why, _) => vec![Err(TxnError::Fenced(why.clone())); batch.len()],
+        let Outcome {
+            answers: results,
+            spent,
+            ..
+        } = match &producing {
+            Producing::Fenced(why, _) => Outcome {
+                answers: vec![Err(TxnError::Fenced(why.clone())); batch.len()],
+                refused: Vec::new(),
+                spent: None,
+            },
             Producing::Ready(p) => {
                 let works = batch.iter_mut().map(|q| std::mem::take(&mut q.work));
-                let (results, learned) = on_its_thread(p, &setup, works.collect()).await;
-                refused.learn(learned, Instant::now());
-                results
+                let outcome = on_its_thread(p, &setup, works.collect()).await;
+                refused.learn(outcome.refused.clone(), Instant::now());
+                outcome
             }
         };
         let failed = results.iter().find_map(|r| r.as_ref().err());
@@ -81,13 +89,10 @@ pub(super) async fn run(producer: TxnProducer, setup: Setup, mut rx: mpsc::Recei
                 started.elapsed(),
             );
         }
-        if let Some(Err(TxnError::Fenced(why))) = results
-            .iter()
-            .find(|r| matches!(r, Err(TxnError::Fenced(_))))
-        {
+        if let Some(why) = spent {
             if matches!(producing, Producing::Ready(_)) {
                 error!(error = %why, "the transactional producer was fenced: another process with the same --instance-id, or this one was paused past its transaction timeout");
-                let fenced = Producing::Fenced(why.clone(), Instant::now());
+                let fenced = Producing::Fenced(why, Instant::now());
                 if let Producing::Ready(old) = std::mem::replace(&mut producing, fenced) {
                     retire(old);
                 }
@@ -99,21 +104,49 @@ pub(super) async fn run(producer: TxnProducer, setup: Setup, mut rx: mpsc::Recei
     }
 }
 
-/// One transaction for `works` on a blocking thread, watched ([`watched`]); one answer per
-/// piece, and the topics the authorizer refused.
-async fn on_its_thread(
-    producer: &TxnProducer,
-    setup: &Setup,
-    works: Vec<Work>,
-) -> (Vec<Result<Vec<i64>, TxnError>>, Vec<String>) {
+/// What one transaction came to.
+#[derive(Debug)]
+struct Outcome {
+    /// One answer per piece of work.
+    answers: Vec<Result<Vec<i64>, TxnError>>,
+    /// The topics the authorizer refused.
+    refused: Vec<String>,
+    /// Why its producer cannot begin another transaction, when it cannot: fenced, or an
+    /// abort that failed, even when every piece was answered for its own refused records (a
+    /// lone record to a refused topic: the next transaction, its dead letter, would fail on
+    /// that producer, and the record go back to its target).
+    spent: Option<String>,
+}
+
+impl Outcome {
+    fn new(
+        answers: Vec<Result<Vec<i64>, TxnError>>,
+        refused: Vec<String>,
+        abort_failed: Option<&TxnError>,
+    ) -> Self {
+        let fenced = answers.iter().find_map(|r| match r {
+            Err(TxnError::Fenced(why)) => Some(why.clone()),
+            _ => None,
+        });
+        let spent = fenced.or_else(|| abort_failed.map(|e| format!("the abort failed: {e}")));
+        Self {
+            answers,
+            refused,
+            spent,
+        }
+    }
+}
+
+/// One transaction for `works` on a blocking thread, watched ([`watched`]).
+async fn on_its_thread(producer: &TxnProducer, setup: &Setup, works: Vec<Work>) -> Outcome {
     let (p, s, n) = (producer.clone(), setup.clone(), works.len());
     let phase = Arc::new(AtomicU8::new(RUNNING));
     let c = phase.clone();
     let running = tokio::task::spawn_blocking(move || transaction(&p, &s, works, &c));
     match watched(running, &phase).await {
         Some(Ok(done)) => done,
-        Some(Err(e)) => (vec![Err(TxnError::Aborted(e.to_string())); n], Vec::new()),
-        None => (vec![Err(TxnError::Fenced(HUNG.into())); n], Vec::new()),
+        Some(Err(e)) => Outcome::new(vec![Err(TxnError::Aborted(e.to_string())); n], vec![], None),
+        None => Outcome::new(vec![Err(TxnError::Fenced(HUNG.into())); n], vec![], None),
     }
 }
 
@@ -209,13 +242,13 @@ fn denied() -> KafkaError {
 }
 
 /// One transaction for `works`: begin, write, send offsets, commit, run the after-commit
-/// hooks; aborted on any error it survives. One answer per piece of work.
+/// hooks; aborted on any error it survives.
 fn transaction(
     producer: &TxnProducer,
     setup: &Setup,
     mut works: Vec<Work>,
     phase: &AtomicU8,
-) -> (Vec<Result<Vec<i64>, TxnError>>, Vec<String>) {
+) -> Outcome {
     let n = works.len();
     let result = producer
         .begin_transaction()
@@ -232,7 +265,9 @@ fn transaction(
                 Failure::Records(_, topics) => topics.clone(),
                 _ => Vec::new(),
             };
-            return (answers(&works, failure, abort.err().map(classify)), learned);
+            let abort_failed = abort.err().map(classify);
+            let answers = answers(&works, failure, abort_failed.clone());
+            return Outcome::new(answers, learned, abort_failed.as_ref());
         }
     };
     for w in &mut works {
@@ -248,7 +283,7 @@ fn transaction(
             Ok(written[at - k..at].to_vec())
         })
         .collect();
-    (answers, Vec::new())
+    Outcome::new(answers, Vec::new(), None)
 }
 
 /// Each piece of work's answer when its transaction failed: the piece a refused record or a
@@ -533,6 +568,25 @@ mod tests {
             got.iter().all(|r| matches!(r, Err(TxnError::Fenced(_)))),
             "{got:?}"
         );
+    }
+
+    #[test]
+    fn a_producer_whose_abort_failed_is_renewed_even_when_every_piece_was_refused() {
+        // A lone record to a refused topic: its piece learns it was refused, and the abort
+        // that failed leaves the producer unable to begin the next transaction.
+        let batch = vec![work(&[], 2)];
+        let refused = Failure::Records(vec![(0, denied())], vec!["t".into()]);
+        let abort = TxnError::Fenced("INVALID_TXN_STATE".into());
+        let got = answers(&batch, refused, Some(abort.clone()));
+        assert_eq!(got, vec![Err(TxnError::Rejected(vec![(0, denied())]))]);
+        let outcome = Outcome::new(got, vec!["t".into()], Some(&abort));
+        assert!(outcome.spent.is_some(), "{outcome:?}");
+        // A transaction that committed, or failed and was aborted, leaves it as it was.
+        assert_eq!(Outcome::new(vec![Ok(vec![1])], vec![], None).spent, None);
+        let aborted = vec![Err(TxnError::Aborted("x".into()))];
+        assert_eq!(Outcome::new(aborted, vec![], None).spent, None);
+        let fenced = vec![Err(TxnError::Fenced("x".into()))];
+        assert_eq!(Outcome::new(fenced, vec![], None).spent, Some("x".into()));
     }
 
     #[test]
