@@ -72,11 +72,11 @@ impl Takeover {
         }
     }
 
-    /// Each restore first waits until no transaction that committed the group's offsets of
-    /// its partitions is still open ([`stable`]): for firing in transactions.
+    /// With `wait`, each restore first waits until no transaction that committed the group's
+    /// offsets of its partitions is still open ([`stable`]): for firing in transactions.
     #[must_use]
-    pub fn after_open_transactions(mut self) -> Self {
-        self.after_transactions = true;
+    pub fn after_open_transactions(mut self, wait: bool) -> Self {
+        self.after_transactions = wait;
         self
     }
 
