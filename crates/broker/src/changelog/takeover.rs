@@ -50,8 +50,6 @@ pub struct Takeover {
     resumes: Arc<Resumes>,
     /// Run once a partition is restored, before it fires here.
     on_restored: Option<OnRestored>,
-    /// Whether a restore first waits for the transactions of former owners ([`stable`]).
-    after_transactions: bool,
 }
 
 impl Takeover {
@@ -68,16 +66,7 @@ impl Takeover {
             events,
             resumes,
             on_restored,
-            after_transactions: false,
         }
-    }
-
-    /// With `wait`, each restore first waits until no transaction that committed the group's
-    /// offsets of its partitions is still open ([`stable`]): for firing in transactions.
-    #[must_use]
-    pub fn after_open_transactions(mut self, wait: bool) -> Self {
-        self.after_transactions = wait;
-        self
     }
 
     /// The restore task: restores what is assigned, drops what was revoked, in the order the
@@ -128,14 +117,6 @@ impl Takeover {
                 return;
             }
             let started = Instant::now();
-            if self.after_transactions {
-                if let Err(e) = stable(consumer, &parts).await {
-                    warn!(error = %e, partitions = parts.len(),
-                          "a former owner's transaction is still open on assigned partitions; their restore waits for it");
-                    backoff.wait().await;
-                    continue;
-                }
-            }
             match self.restore(parts.clone()).await {
                 Ok(outcomes) => {
                     for part in &parts {
@@ -279,34 +260,5 @@ impl Takeover {
             _ if latest => Offset::End,
             _ => Offset::Beginning,
         }
-    }
-}
-
-/// How long one ask for stable offsets may wait.
-const STABLE_WAIT: Duration = Duration::from_secs(15);
-
-/// Returns once no transaction that committed the group's offsets of `parts` is open: asked
-/// by a read_committed consumer, the group answers committed offsets only when none is
-/// pending (KIP-447). A former owner's transaction firing these partitions commits their
-/// offsets, so it has then ended, its changelog writes are where the restore reads them, and
-/// one that has not sent its offsets yet can no longer commit (they name an older generation
-/// of the group). Without this wait, such a transaction still writing when the restore read
-/// the changelog's end would fire its records twice: there, and again here.
-async fn stable<C: ConsumerContext + 'static>(
-    consumer: &Arc<StreamConsumer<C>>,
-    parts: &[Part],
-) -> Result<(), String> {
-    let mut tpl = TopicPartitionList::new();
-    for p in parts {
-        tpl.add_partition(&p.topic, p.partition);
-    }
-    let c = consumer.clone();
-    let answer = tokio::task::spawn_blocking(move || c.committed_offsets(tpl, STABLE_WAIT))
-        .await
-        .map_err(|e| e.to_string())?
-        .map_err(|e| e.to_string())?;
-    match answer.elements().iter().find_map(|e| e.error().err()) {
-        Some(e) => Err(e.to_string()),
-        None => Ok(()),
     }
 }

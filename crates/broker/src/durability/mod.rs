@@ -201,10 +201,8 @@ impl Prepared {
             let (handoff, events) = Handoff::new(moving.clone());
             let resumes = Arc::new(Resumes::default());
             let mode = if consumed.is_some() { EXACTLY } else { LOGGED };
-            let takeover = Takeover::new(moving.clone(), events, resumes.clone(), on_restored)
-                .after_open_transactions(consumed.is_some());
             let movers = Movers {
-                takeover,
+                takeover: Takeover::new(moving.clone(), events, resumes.clone(), on_restored),
                 standbys: Standbys::new(moving, changelog::owners::client_id(mode, &advertised)),
             };
             let operators = Operators::new(

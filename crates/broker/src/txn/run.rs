@@ -5,12 +5,14 @@ use std::sync::atomic::AtomicU8;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::producer::{FutureRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
+use super::outcome::Outcome;
 use super::refused::Refused;
 use super::stuck::{may_commit, retire, watched, HUNG, RUNNING};
 use super::{classify, Offsets, Out, Queued, Setup, TxnError, TxnProducer, Work};
@@ -100,39 +102,6 @@ pub(super) async fn run(producer: TxnProducer, setup: Setup, mut rx: mpsc::Recei
         }
         for (q, r) in batch.into_iter().zip(results) {
             let _ = q.done.send(r);
-        }
-    }
-}
-
-/// What one transaction came to.
-#[derive(Debug)]
-struct Outcome {
-    /// One answer per piece of work.
-    answers: Vec<Result<Vec<i64>, TxnError>>,
-    /// The topics the authorizer refused.
-    refused: Vec<String>,
-    /// Why its producer cannot begin another transaction, when it cannot: fenced, or an
-    /// abort that failed, even when every piece was answered for its own refused records (a
-    /// lone record to a refused topic: the next transaction, its dead letter, would fail on
-    /// that producer, and the record go back to its target).
-    spent: Option<String>,
-}
-
-impl Outcome {
-    fn new(
-        answers: Vec<Result<Vec<i64>, TxnError>>,
-        refused: Vec<String>,
-        abort_failed: Option<&TxnError>,
-    ) -> Self {
-        let fenced = answers.iter().find_map(|r| match r {
-            Err(TxnError::Fenced(why)) => Some(why.clone()),
-            _ => None,
-        });
-        let spent = fenced.or_else(|| abort_failed.map(|e| format!("the abort failed: {e}")));
-        Self {
-            answers,
-            refused,
-            spent,
         }
     }
 }
@@ -385,6 +354,11 @@ fn write(
         }
     }
     let written = acknowledged(producer, &outs, deliveries, setup.kafka_clock.as_deref())?;
+    // The member's generation is read before its partitions are checked: a generation it
+    // joins after the check (its revocations then already done) must not commit this
+    // transaction's offsets, or records of a partition another member took over and restored
+    // before they reached the log would commit here too. Read after the check, it could.
+    let metadata = member(setup, &offsets)?;
     // Every record is in its partition's log now: an instance assigned one of these
     // partitions after this check reads up to past them, and waits for this transaction.
     if let Some(owned) = &setup.owned {
@@ -396,12 +370,7 @@ fn write(
         }
     }
     let whole = |e| Failure::Whole(classify(e));
-    if !offsets.is_empty() {
-        let metadata = (setup.group)().ok_or_else(|| {
-            Failure::Whole(TxnError::Stale(
-                "the consumer has no group metadata (not a member now)".into(),
-            ))
-        })?;
+    if let Some(metadata) = metadata {
         let mut tpl = TopicPartitionList::new();
         for (t, p, o) in &offsets {
             tpl.add_partition_offset(t, *p, Offset::Offset(*o))
@@ -474,6 +443,19 @@ fn acknowledged(
         return Err(refused(i, e));
     }
     Ok(written)
+}
+
+/// The member's group metadata, when there are `offsets` to commit with it.
+fn member(setup: &Setup, offsets: &Offsets) -> Result<Option<ConsumerGroupMetadata>, Failure> {
+    if offsets.is_empty() {
+        return Ok(None);
+    }
+    let metadata = (setup.group)().ok_or_else(|| {
+        Failure::Whole(TxnError::Stale(
+            "the consumer has no group metadata (not a member now)".into(),
+        ))
+    })?;
+    Ok(Some(metadata))
 }
 
 /// Whether a record's delivery failed only because another record of its transaction did.
