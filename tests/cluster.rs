@@ -136,6 +136,13 @@ struct Tally {
     early: u64,
 }
 
+impl Tally {
+    /// Every record arrived once, none before its due time.
+    fn all_once_never_early(&self) -> bool {
+        self.lost.is_empty() && self.duplicates == 0 && self.early == 0
+    }
+}
+
 impl std::fmt::Debug for Tally {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let shown = &self.lost[..self.lost.len().min(10)];
@@ -292,10 +299,7 @@ fn exit_code(mut i: Instance, log: &std::path::Path) -> Option<i32> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_a_data_dir_wiped_after_kill_9_is_restored_from_the_changelog() {
     let result = wiped_after_kill_9(&[]).await;
-    assert!(
-        result.lost.is_empty() && result.duplicates == 0 && result.early == 0,
-        "{result:?}"
-    );
+    assert!(result.all_once_never_early(), "{result:?}");
 }
 
 /// The control of the test above: the same loss without the changelog loses every record
@@ -427,7 +431,7 @@ async fn apache_kafka_a_fenced_member_starts_again_in_place_and_loses_nothing() 
     let result = tally(&got, &dues);
     eprintln!("fenced and started again in place: {result:?}");
     assert!(
-        result.lost.is_empty() && result.duplicates == 0 && result.early == 0,
+        result.all_once_never_early(),
         "{result:?}\n{}",
         logs_tail(logs.path())
     );
@@ -500,7 +504,7 @@ async fn apache_kafka_a_killed_instances_partitions_move_to_the_others_with_thei
          pending again {takeover:.1?} after the kill; after the handoff: {result:?}"
     );
     assert!(
-        result.lost.is_empty() && result.duplicates == 0 && result.early == 0,
+        result.all_once_never_early(),
         "{result:?}\n{}",
         logs_tail(logs.path())
     );
@@ -1129,7 +1133,7 @@ async fn apache_kafka_a_data_dir_written_without_the_changelog_is_taken_into_it_
     let result = tally(&got, &dues);
     eprintln!("a --no-changelog data dir taken into the changelog, then lost: {result:?}");
     assert!(
-        result.lost.is_empty() && result.duplicates == 0 && result.early == 0,
+        result.all_once_never_early(),
         "{result:?}\n{}",
         logs_tail(logs.path())
     );

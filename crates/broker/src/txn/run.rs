@@ -63,15 +63,14 @@ pub(super) async fn run(producer: TxnProducer, setup: Setup, mut rx: mpsc::Recei
             spent,
             ..
         } = match &producing {
-            Producing::Fenced(why, _) => Outcome {
-                answers: vec![Err(TxnError::Fenced(why.clone())); batch.len()],
-                refused: Vec::new(),
-                spent: None,
-            },
+            Producing::Fenced(why, _) => {
+                let answers = vec![Err(TxnError::Fenced(why.clone())); batch.len()];
+                Outcome::new(answers, Vec::new(), None)
+            }
             Producing::Ready(p) => {
                 let works = batch.iter_mut().map(|q| std::mem::take(&mut q.work));
-                let outcome = on_its_thread(p, &setup, works.collect()).await;
-                refused.learn(outcome.refused.clone(), Instant::now());
+                let mut outcome = on_its_thread(p, &setup, works.collect()).await;
+                refused.learn(std::mem::take(&mut outcome.refused), Instant::now());
                 outcome
             }
         };
@@ -93,7 +92,7 @@ pub(super) async fn run(producer: TxnProducer, setup: Setup, mut rx: mpsc::Recei
         }
         if let Some(why) = spent {
             if matches!(producing, Producing::Ready(_)) {
-                error!(error = %why, "the transactional producer was fenced: another process with the same --instance-id, or this one was paused past its transaction timeout");
+                error!(error = %why, "the transactional producer cannot go on and is renewed: fenced (another process with the same --instance-id, or this one paused past its transaction timeout) or its abort failed");
                 let fenced = Producing::Fenced(why, Instant::now());
                 if let Producing::Ready(old) = std::mem::replace(&mut producing, fenced) {
                     retire(old);
