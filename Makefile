@@ -7,7 +7,7 @@
 # Both install what they need first (Debian packages; Kafka's jars through Maven).
 
 export CARGO_TARGET_DIR ?= $(HOME)/.cache/kafka-delay/target
-DEBIAN_PACKAGES := build-essential pkg-config libclang-dev clang libssl-dev openssl zlib1g-dev kcat curl python3 prometheus \
+DEBIAN_PACKAGES := build-essential pkg-config iptables iproute2 libclang-dev clang libssl-dev openssl zlib1g-dev kcat curl python3 prometheus \
 	openjdk-17-jdk-headless maven chromium
 
 .PHONY: demo test deps kafka python console build lint soak

@@ -23,8 +23,9 @@
 #                                   when all three serve; DIR/admin.properties is the admin's
 #                                   client configuration for Kafka's own tools. A node stops and
 #                                   starts again with `stop`/`kill`/`start DIR/nodeN`. Each node
-#                                   also serves clients at a port a test proxies (DIR/proxies,
-#                                   DIR/proxied.bootstrap), to cut them off from one broker.
+#                                   also serves kafka-delay's instances on a listener of their
+#                                   own (DIR/instances.bootstrap; DIR/instance-ports: node and
+#                                   port), which a test cuts off from one broker.
 #   scripts/kafka.sh tool CLASS ARGS...
 #                                   run one of Kafka's tools (for example
 #                                   org.apache.kafka.tools.AclCommand) from the cache
@@ -143,10 +144,10 @@ make_certs() {
 CLUSTER_USERS=(admin kafka-delay tenant-a tenant-b)
 
 write_cluster_config() {
-  local dir=$1 n kind voters="" bootstrap="" through="" proxies="" used=" " p
-  local -a client proxied proxy internal controller
+  local dir=$1 n kind voters="" bootstrap="" through="" ports="" used=" " p
+  local -a client instances internal controller
   for n in 1 2 3; do
-    for kind in client proxied proxy internal controller; do
+    for kind in client instances internal controller; do
       p=$(free_port)
       while [[ "$used" == *" $p "* ]]; do p=$(free_port); done
       used+="$p "
@@ -154,8 +155,8 @@ write_cluster_config() {
     done
     voters+="${voters:+,}$n@127.0.0.1:${controller[$n]}"
     bootstrap+="${bootstrap:+,}127.0.0.1:${client[$n]}"
-    through+="${through:+,}127.0.0.1:${proxy[$n]}"
-    proxies+="$n ${proxy[$n]} ${proxied[$n]}"$'\n'
+    through+="${through:+,}127.0.0.1:${instances[$n]}"
+    ports+="$n ${instances[$n]}"$'\n'
   done
   local plain='org.apache.kafka.common.security.plain.PlainLoginModule required username="admin" password="admin-secret" user_admin="admin-secret";'
   for n in 1 2 3; do
@@ -165,19 +166,20 @@ write_cluster_config() {
 process.roles=broker,controller
 node.id=$n
 controller.quorum.voters=$voters
-# PROXIED is CLIENT again, but advertised at a port where a test may run a proxy of its own
-# (DIR/proxies: node, the proxy's port, the listener's), to cut clients off from one broker.
-listeners=CLIENT://127.0.0.1:${client[$n]},PROXIED://127.0.0.1:${proxied[$n]},INTERNAL://127.0.0.1:${internal[$n]},CONTROLLER://127.0.0.1:${controller[$n]}
-advertised.listeners=CLIENT://127.0.0.1:${client[$n]},PROXIED://127.0.0.1:${proxy[$n]},INTERNAL://127.0.0.1:${internal[$n]}
+# INSTANCES is CLIENT again, on a port of its own for kafka-delay's instances
+# (DIR/instance-ports): a test drops the packets of that port to cut them off from one broker
+# while the brokers and the test's own clients still reach it.
+listeners=CLIENT://127.0.0.1:${client[$n]},INSTANCES://127.0.0.1:${instances[$n]},INTERNAL://127.0.0.1:${internal[$n]},CONTROLLER://127.0.0.1:${controller[$n]}
+advertised.listeners=CLIENT://127.0.0.1:${client[$n]},INSTANCES://127.0.0.1:${instances[$n]},INTERNAL://127.0.0.1:${internal[$n]}
 controller.listener.names=CONTROLLER
 inter.broker.listener.name=INTERNAL
-listener.security.protocol.map=CLIENT:SASL_SSL,PROXIED:SASL_SSL,INTERNAL:SASL_SSL,CONTROLLER:SASL_SSL
+listener.security.protocol.map=CLIENT:SASL_SSL,INSTANCES:SASL_SSL,INTERNAL:SASL_SSL,CONTROLLER:SASL_SSL
 # Clients: SCRAM, its credentials in the cluster's metadata. Brokers and controllers among
 # themselves: PLAIN as the admin (KRaft cannot use SCRAM before its metadata is read).
 listener.name.client.sasl.enabled.mechanisms=SCRAM-SHA-512
 listener.name.client.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
-listener.name.proxied.sasl.enabled.mechanisms=SCRAM-SHA-512
-listener.name.proxied.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
+listener.name.instances.sasl.enabled.mechanisms=SCRAM-SHA-512
+listener.name.instances.scram-sha-512.sasl.jaas.config=org.apache.kafka.common.security.scram.ScramLoginModule required;
 listener.name.internal.sasl.enabled.mechanisms=PLAIN
 listener.name.internal.plain.sasl.jaas.config=$plain
 sasl.mechanism.inter.broker.protocol=PLAIN
@@ -210,8 +212,8 @@ CONFIG
     echo "$bootstrap" >"$dir/node$n/bootstrap"
   done
   echo "$bootstrap" >"$dir/bootstrap"
-  echo "$through" >"$dir/proxied.bootstrap"
-  printf '%s' "$proxies" >"$dir/proxies"
+  echo "$through" >"$dir/instances.bootstrap"
+  printf '%s' "$ports" >"$dir/instance-ports"
   cat >"$dir/admin.properties" <<CONFIG
 security.protocol=SASL_SSL
 sasl.mechanism=SCRAM-SHA-512

@@ -6,8 +6,8 @@
 pub(crate) mod apache;
 pub(crate) mod browser;
 pub(crate) mod group;
+pub(crate) mod netcut;
 pub(crate) mod procs;
-pub(crate) mod proxy;
 
 use std::collections::HashMap;
 

@@ -212,6 +212,75 @@ async fn a_clock_jumping_back_never_fires_early_and_one_jumping_forward_is_held_
     broker.shutdown().await;
 }
 
+/// The clock's hold-back and its control, as processes: two instances, each of its own group,
+/// step their wall clock an hour ahead once their records are stored. The one held back to
+/// Kafka's clock (learnt from its changelog's append times) fires none early by when they
+/// reached the target; the one whose hold-back is taken out (`KAFKA_DELAY_TEST_NO_HOLD_BACK`,
+/// a seam of the `failpoints` build) fires them at the step, early.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_stepped_ahead_fires_nothing_early_and_without_the_hold_back_fires_early() {
+    let (_sandbox, brokers) = process_kafka();
+    let (held, control) = tokio::join!(
+        clock_stepped_ahead(&brokers, true),
+        clock_stepped_ahead(&brokers, false)
+    );
+    eprintln!("clock an hour ahead, held back: {held:?}\nwithout the hold-back: {control:?}");
+    assert_eq!(
+        (held.lost, held.early, held.duplicates),
+        (0, 0, 0),
+        "held back: {held:?}"
+    );
+    assert_eq!(
+        (control.lost, control.early),
+        (0, 100),
+        "without the hold-back every record fires at the step: {control:?}"
+    );
+}
+
+/// 100 records due 15 to 20 s on, the instance's clock stepped an hour ahead once all are
+/// pending; its report.
+async fn clock_stepped_ahead(brokers: &str, hold_back: bool) -> Report {
+    let kafka = Kafka::External(brokers.to_owned());
+    let t = Topics::new();
+    kafka.create_topic(&t.delay, 1).await;
+    let parts = kafka.create_topic(&t.target, 1).await;
+    kafka.create_topic(&t.dlt, 1).await;
+    let (data, port) = (TempDir::new().unwrap(), free_port());
+    let clock_file = data.path().join("clock");
+    std::fs::write(&clock_file, "0").unwrap();
+    let mut env = vec![("KAFKA_DELAY_TEST_CLOCK_FILE", clock_file.to_str().unwrap())];
+    if !hold_back {
+        env.push(("KAFKA_DELAY_TEST_NO_HOLD_BACK", "1"));
+    }
+    let store = TempDir::new().unwrap();
+    let _broker = spawn_broker_with(brokers, &t, &store, port, &env);
+    wait_ready(port, Duration::from_secs(60)).await;
+    let (tally, dues) = tally(100, now_ms() + 15_000, 50);
+    collector(&kafka, &t.target, parts, tally.clone());
+    produce_plan(
+        &kafka.producer(),
+        &t.delay,
+        &t.target,
+        &tally,
+        &dues,
+        0..100,
+    )
+    .await;
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (_, body) = http_get(addr, "/metrics").await;
+        if metric(&body, "kafka_delay_pending_records") == Some(100.0) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "100 records pending within 10 s");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    std::fs::write(&clock_file, "3600000").unwrap();
+    wait_complete(&tally, Duration::from_secs(40)).await
+}
+
 /// A tmpfs of `mb` megabytes, unmounted when dropped (needs root, as CI runs).
 struct SmallDisk {
     dir: TempDir,

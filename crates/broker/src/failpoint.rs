@@ -7,7 +7,9 @@
 //! - `after-store-write`: the ingest batch is in RocksDB, its offsets not yet stored for commit;
 //! - `after-delivery`: delivery reports received, the records not yet deleted.
 //!
-//! `KAFKA_DELAY_TEST_CLOCK_FILE=<path>` steps the process's wall clock ([`wall_clock`]).
+//! `KAFKA_DELAY_TEST_CLOCK_FILE=<path>` steps the process's wall clock ([`wall_clock`]);
+//! `KAFKA_DELAY_TEST_NO_HOLD_BACK` takes out its hold-back to Kafka's clock ([`hold_back`]), the
+//! control of the clock tests.
 
 use std::sync::Arc;
 
@@ -49,4 +51,15 @@ pub fn wall_clock() -> Arc<dyn Clock> {
         return Arc::new(clock);
     }
     Arc::new(SystemClock)
+}
+
+/// Whether the wall clock is held back to the Kafka cluster's
+/// ([`crate::kafka_clock::HeldBack`]): always, but with the `failpoints` feature and
+/// `KAFKA_DELAY_TEST_NO_HOLD_BACK` set, where a test shows what the hold-back prevents.
+pub fn hold_back() -> bool {
+    #[cfg(feature = "failpoints")]
+    if std::env::var_os("KAFKA_DELAY_TEST_NO_HOLD_BACK").is_some() {
+        return false;
+    }
+    true
 }
