@@ -573,7 +573,9 @@ const LONE_DEAD_WITHIN_MS: u64 = 20_000;
 const BESIDE_DUE_MS: u64 = 40_000;
 /// How late the records due beside the denied target's second batch may arrive (their
 /// slowest): a denied record must not hold back the others of its transaction or its loop.
-const BESIDE_LATE_MS: i64 = 5_000;
+/// Measured: at most 0.1 s at least once, 4.7 s exactly once (p50 0.4 s); a denied target
+/// that held the others back would keep them past the 30 s fire backoff, or for good.
+const BESIDE_LATE_MS: i64 = 10_000;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn apache_kafka_secured_cluster_least_privilege_routes_and_a_killed_leader() {
