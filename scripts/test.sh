@@ -90,7 +90,8 @@ lane_quiet() {
 in_own_netns() {
   local as=()
   [ "$(id -u)" = 0 ] || as=(--map-root-user)
-  KAFKA_DELAY_TEST_NETNS=1 unshare --net "${as[@]}" -- sh -c 'ip link set lo up && exec "$@"' netns "$@"
+  PATH="$PATH:/usr/sbin:/sbin" KAFKA_DELAY_TEST_NETNS=1 \
+    unshare --net "${as[@]}" -- sh -c 'ip link set lo up && exec "$@"' netns "$@"
 }
 
 lane_exactly() {
