@@ -569,7 +569,7 @@ const LONE_DUE_MS: u64 = 36_000;
 /// fire backoff (30 s), past the refusal's memory: spoiling a transaction again, forever.
 const LONE_DEAD_WITHIN_MS: u64 = 20_000;
 /// When the records due beside the denied target's second batch come due, from the first due
-/// time: after the leader's broker is back and the lone record's refusal was learned again.
+/// time: long after the leader's broker is back (13 s) and past the lone record.
 const BESIDE_DUE_MS: u64 = 40_000;
 /// How late the records due beside the denied target's second batch may arrive (their
 /// slowest): a denied record must not hold back the others of its transaction or its loop.
