@@ -491,18 +491,7 @@ async fn a_restart_loses_nothing_and_fires_what_became_overdue_at_once() {
     });
     produce_numbered(&p, &t.delay, &t.target, dues).await;
     // Wait until all 30 are stored, then stop.
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let (_, body) = http_get(broker.http_addr(), "/metrics").await;
-        if metric(&body, "kafka_delay_pending_records") == Some(30.0) {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "records not stored in time"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_pending(broker.http_addr(), 30, Duration::from_secs(20)).await;
     broker.shutdown().await;
     tokio::time::sleep(Duration::from_millis(
         (base + 4_000).saturating_sub(now_ms()),

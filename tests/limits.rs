@@ -347,15 +347,7 @@ async fn a_bulk_fire_and_consumer_retries_go_at_the_targets_rate() {
         &[("delay-target", &t.target), ("delay-after", "1h")],
     )
     .await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        let (_, s) = http_get(addr, "/metrics").await;
-        if metric(&s, "kafka_delay_pending_records") == Some(100.0) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "100 pending within 30 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_pending(addr, 100, Duration::from_secs(30)).await;
     let (status, bulk) = http_json(
         addr,
         "POST",

@@ -471,6 +471,23 @@ pub(crate) async fn http_json(
     )
 }
 
+/// Waits until the instance serving `addr` reports `n` records pending
+/// (`kafka_delay_pending_records`); panics after `within`.
+pub(crate) async fn wait_pending(addr: std::net::SocketAddr, n: u64, within: Duration) {
+    let deadline = Instant::now() + within;
+    loop {
+        let (_, body) = http_get(addr, "/metrics").await;
+        if metric(&body, "kafka_delay_pending_records") == Some(n as f64) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{n} records pending within {within:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// The value of a metric line (exact name with labels) from /metrics.
 pub(crate) fn metric(body: &str, name: &str) -> Option<f64> {
     body.lines()

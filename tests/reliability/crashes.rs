@@ -268,15 +268,7 @@ async fn clock_stepped_ahead(brokers: &str, hold_back: bool) -> Report {
     )
     .await;
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (_, body) = http_get(addr, "/metrics").await;
-        if metric(&body, "kafka_delay_pending_records") == Some(100.0) {
-            break;
-        }
-        assert!(Instant::now() < deadline, "100 records pending within 10 s");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_pending(addr, 100, Duration::from_secs(10)).await;
     std::fs::write(&clock_file, "3600000").unwrap();
     wait_complete(&tally, Duration::from_secs(40)).await
 }
