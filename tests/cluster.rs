@@ -82,7 +82,7 @@ async fn wait_shared(instances: &[&Instance], n: u64, logs: &Path) {
 
 /// Waits until the instances hold `n` pending records between them in the partitions they
 /// own.
-async fn wait_pending(instances: &[&Instance], n: u64, logs: &Path) {
+async fn wait_pending_all(instances: &[&Instance], n: u64, logs: &Path) {
     wait_for(&format!("{n} in all"), logs, async || {
         let mut held = Vec::new();
         for i in instances {
@@ -333,7 +333,7 @@ async fn wiped_after_kill_9(flags: &[&str]) -> Tally {
     const N: u64 = 300;
     let base = now_ms() + 12_000;
     let dues = produce_due(&kafka, &t, N, 2, |i| base + i * 10).await;
-    wait_pending(&[&a], N, logs.path()).await;
+    wait_pending_all(&[&a], N, logs.path()).await;
     // Past the consumer's auto-commit interval: Kafka's committed offsets are past the 300, so
     // consuming the source again cannot bring them back.
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -398,7 +398,7 @@ async fn apache_kafka_a_fenced_member_starts_again_in_place_and_loses_nothing() 
     const N: u64 = 200;
     let base = now_ms() + 25_000;
     let mut dues = produce_due(&kafka, &t, N / 2, 2, |i| base + i * 20).await;
-    wait_pending(&[&a], N / 2, logs.path()).await;
+    wait_pending_all(&[&a], N / 2, logs.path()).await;
 
     impostor(&kafka, &t, "a").await;
     let log = logs.path().join("a.log");
@@ -453,7 +453,7 @@ async fn apache_kafka_a_killed_instances_partitions_move_to_the_others_with_thei
     const N: u64 = 400;
     let base = now_ms() + 25_000;
     let dues = produce_due(&kafka, &t, N, PARTS as u64, |i| base + i * 10).await;
-    wait_pending(&[&a, &b], N, logs.path()).await;
+    wait_pending_all(&[&a, &b], N, logs.path()).await;
     let (held_a, held_b) = (pending(&a).await, pending(&b).await);
     // Any instance names every partition's owner and where its HTTP server is.
     let addr = |i: &Instance| format!("127.0.0.1:{}", i.port);
@@ -494,7 +494,7 @@ async fn apache_kafka_a_killed_instances_partitions_move_to_the_others_with_thei
     let c = spawn(&kafka, &t, dirs[2].path(), logs.path(), "c");
     wait_ready(c.port, Duration::from_secs(60)).await;
     wait_shared(&[&b, &c], PARTS as u64, logs.path()).await;
-    wait_pending(&[&b, &c], N, logs.path()).await;
+    wait_pending_all(&[&b, &c], N, logs.path()).await;
     let takeover = killed.elapsed();
 
     let got = read_all(&kafka, &t, PARTS, N, Duration::from_secs(90)).await;
@@ -534,7 +534,7 @@ async fn apache_kafka_a_standby_takes_over_from_its_warm_copy_and_any_instance_a
     const N: u64 = 2_000;
     let base = now_ms() + 40_000;
     let dues = produce_due(&kafka, &t, N, PARTS as u64, |i| base + i * 5).await;
-    wait_pending(&[&a, &b], N, logs.path()).await;
+    wait_pending_all(&[&a, &b], N, logs.path()).await;
     // Each keeps a warm copy of the other's partitions.
     let warm = |c: &[u64]| c.iter().sum::<u64>() == N;
     let what = format!("{N} records in standby copies");
@@ -635,7 +635,7 @@ async fn apache_kafka_a_standby_takes_over_from_its_warm_copy_and_any_instance_a
         logs.path(),
     )
     .await;
-    wait_pending(&[&b], N - 1, logs.path()).await;
+    wait_pending_all(&[&b], N - 1, logs.path()).await;
     let takeover = killed.elapsed();
     let read = gauge(&b, "kafka_delay_restored_entries_total").await - before;
     eprintln!(
@@ -776,7 +776,7 @@ async fn apache_kafka_any_instance_shows_the_whole_group_and_names_a_member_that
     // 31 due times a second apart, each shared by 19 or 20 records spread over every
     // partition (31 and the 6 partitions have no common factor).
     produce_due(&kafka, &t, N, PARTS as u64, |i| due + (i % 31) * 1_000).await;
-    wait_pending(&all, N, logs.path()).await;
+    wait_pending_all(&all, N, logs.path()).await;
 
     let group = |i: &Instance| {
         let addr = std::net::SocketAddr::from(([127, 0, 0, 1], i.port));
@@ -1113,7 +1113,7 @@ async fn apache_kafka_a_data_dir_written_without_the_changelog_is_taken_into_it_
     const N: u64 = 200;
     let base = now_ms() + 20_000;
     let dues = produce_due(&kafka, &t, N, 2, |i| base + i * 10).await;
-    wait_pending(&[&a], N, logs.path()).await;
+    wait_pending_all(&[&a], N, logs.path()).await;
     // Past the auto-commit interval: consuming the source again cannot bring them back.
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop_gracefully(a);
@@ -1122,7 +1122,7 @@ async fn apache_kafka_a_data_dir_written_without_the_changelog_is_taken_into_it_
     let a = spawn_flags(&kafka, &t, dirs, "a", &[]);
     wait_ready(a.port, Duration::from_secs(60)).await;
     assert_eq!(mode_of(&a).await.0, "changelog");
-    wait_pending(&[&a], N, logs.path()).await;
+    wait_pending_all(&[&a], N, logs.path()).await;
     // And they are in the changelog: the disk lost with the process loses nothing.
     drop(a);
     std::fs::remove_dir_all(data.path()).unwrap();
