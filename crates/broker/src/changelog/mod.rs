@@ -168,23 +168,34 @@ impl Changelog {
         partition: i32,
         entries: &[Entry<'_>],
     ) -> Result<i64, KafkaError> {
+        self.enqueue(source, partition, entries)
+            .await?
+            .settled()
+            .await
+    }
+
+    /// Hands `entries` of source partition `source`/`partition` to the producer without
+    /// waiting for Kafka: the writes of several partitions are then in flight together, and
+    /// [`Pending::settled`] waits for each.
+    ///
+    /// # Errors
+    /// The producer refused an entry (not a full queue: that is waited out).
+    pub async fn enqueue(
+        &self,
+        source: &str,
+        partition: i32,
+        entries: &[Entry<'_>],
+    ) -> Result<Pending<'_>, KafkaError> {
         let topic = self.topic_of(source);
         let mut acks = Vec::with_capacity(entries.len());
         for e in entries {
             acks.push(self.send(&topic, partition, e).await?);
         }
-        let mut next = -1;
-        for ack in acks {
-            match ack.await {
-                Ok(Ok(delivery)) => {
-                    self.kafka_clock.acknowledged(&topic, delivery.timestamp);
-                    next = next.max(delivery.offset + 1);
-                }
-                Ok(Err((e, _))) => return Err(e),
-                Err(_) => return Err(KafkaError::Canceled),
-            }
-        }
-        Ok(next)
+        Ok(Pending {
+            changelog: self,
+            topic,
+            acks,
+        })
     }
 
     /// Writes an entry that changes nothing (the tombstone of a source offset no partition
@@ -283,6 +294,47 @@ impl Changelog {
     /// The producer, for its first id request at start.
     pub fn producer(&self) -> &FutureProducer {
         &self.producer
+    }
+}
+
+/// Entries of one changelog partition handed to the producer ([`Changelog::enqueue`]), not
+/// yet known to be acknowledged.
+pub struct Pending<'c> {
+    changelog: &'c Changelog,
+    topic: String,
+    acks: Vec<rdkafka::producer::DeliveryFuture>,
+}
+
+impl std::fmt::Debug for Pending<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Pending")
+            .field("topic", &self.topic)
+            .field("entries", &self.acks.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Pending<'_> {
+    /// Waits until Kafka has every entry; returns the changelog offset after the last one.
+    ///
+    /// # Errors
+    /// The first entry Kafka refused; the caller writes them all again (entries are
+    /// idempotent).
+    pub async fn settled(self) -> Result<i64, KafkaError> {
+        let mut next = -1;
+        for ack in self.acks {
+            match ack.await {
+                Ok(Ok(delivery)) => {
+                    self.changelog
+                        .kafka_clock
+                        .acknowledged(&self.topic, delivery.timestamp);
+                    next = next.max(delivery.offset + 1);
+                }
+                Ok(Err((e, _))) => return Err(e),
+                Err(_) => return Err(KafkaError::Canceled),
+            }
+        }
+        Ok(next)
     }
 }
 

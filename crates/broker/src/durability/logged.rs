@@ -32,39 +32,78 @@ impl Logged {
     }
 
     /// Writes what a group changed to the changelog, per source partition, and waits for it;
-    /// then checkpoints each partition. Tried again until it works; `false` when stopping
-    /// first.
+    /// then checkpoints each partition. Every partition's entries are handed to the producer
+    /// before the first acknowledgement is awaited, so a group waits about one round trip
+    /// whatever number of partitions it touches. A partition whose write failed is written
+    /// again until it works; `false` when stopping first.
     async fn log_changes(&self, group: Stored<'_, '_>) -> bool {
         let g = &self.grouped;
         let mut by_pid = group_entries(group.ops, group.applied);
+        let mut writes = Vec::with_capacity(group.last.len());
         for (pid, &(topic, partition, offset)) in group.last.iter() {
-            let entries = by_pid.entry(*pid).or_default();
+            let mut entries = by_pid.remove(pid).unwrap_or_default();
             entries.push(Entry::SourceOffset(offset + 1));
-            let mut backoff = Backoff::standard();
-            loop {
-                match g.changelog().write(topic, partition, entries).await {
-                    Ok(next) => {
-                        let at = Checkpoint {
-                            changelog_next: next,
-                            source_next: Some(offset + 1),
-                        };
-                        if let Err(e) = g.store().set_checkpoint(*pid, at) {
-                            warn!(%topic, partition, error = %e, "cannot write the changelog checkpoint");
-                        }
-                        break;
-                    }
-                    Err(e) => {
-                        error!(%topic, partition, error = %e,
-                               "cannot write to the changelog; consumption paused, retrying");
-                        if group.stopping.is_some_and(|s| *s.borrow()) {
-                            return false;
-                        }
-                        backoff.wait().await;
+            let pending = g.changelog().enqueue(topic, partition, &entries).await;
+            writes.push((*pid, topic, partition, offset, entries, pending));
+        }
+        for (pid, topic, partition, offset, entries, pending) in writes {
+            let first = match pending {
+                Ok(p) => p.settled().await,
+                Err(e) => Err(e),
+            };
+            let next = match first {
+                Ok(next) => next,
+                Err(e) => {
+                    error!(%topic, partition, error = %e,
+                           "cannot write to the changelog; consumption paused, retrying");
+                    match self
+                        .write_until_done(topic, partition, &entries, &group)
+                        .await
+                    {
+                        Some(next) => next,
+                        None => return false,
                     }
                 }
+            };
+            let at = Checkpoint {
+                changelog_next: next,
+                source_next: Some(offset + 1),
+            };
+            if let Err(e) = g.store().set_checkpoint(pid, at) {
+                warn!(%topic, partition, error = %e, "cannot write the changelog checkpoint");
             }
         }
         true
+    }
+
+    /// Writes `entries` again until Kafka has them all: the changelog offset after them, or
+    /// `None` when stopping first.
+    async fn write_until_done(
+        &self,
+        topic: &str,
+        partition: i32,
+        entries: &[Entry<'_>],
+        group: &Stored<'_, '_>,
+    ) -> Option<i64> {
+        let mut backoff = Backoff::standard();
+        loop {
+            if group.stopping.is_some_and(|s| *s.borrow()) {
+                return None;
+            }
+            backoff.wait().await;
+            match self
+                .grouped
+                .changelog()
+                .write(topic, partition, entries)
+                .await
+            {
+                Ok(next) => return Some(next),
+                Err(e) => {
+                    error!(%topic, partition, error = %e,
+                           "cannot write to the changelog; consumption paused, retrying");
+                }
+            }
+        }
     }
 }
 
