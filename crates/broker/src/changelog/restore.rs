@@ -24,6 +24,10 @@ use kafka_delay_core::id::Pid;
 const CHUNK: usize = 4_096;
 /// How often a long restore logs its progress.
 const PROGRESS_EVERY: Duration = Duration::from_secs(5);
+/// A transaction open this long in a changelog outlived every kafka-delay transaction (10 s,
+/// aborted by the coordinator within another 10 s): the restore waiting on it says so, naming
+/// what an operator can look at.
+const OPEN_TOO_LONG: Duration = Duration::from_secs(60);
 
 /// A partition to restore.
 #[derive(Debug, Clone)]
@@ -94,6 +98,8 @@ struct Progress {
     from_checkpoint: bool,
     /// See [`Store::restore`]: `Some` when the restore began on an empty partition.
     absent_above: Option<i64>,
+    /// The last stable offset the read stopped at, short of `end`, and since when.
+    held_at: Option<(i64, Instant)>,
 }
 
 /// Restores `parts` into `store` and returns each one's outcome (a cancelled one is left out).
@@ -212,6 +218,7 @@ fn start(
         delta: 0,
         from_checkpoint: usable.is_some(),
         absent_above: usable.is_none().then_some(-1),
+        held_at: None,
         part,
     })
 }
@@ -270,6 +277,9 @@ fn read_topic(
                         p.next = p.next.max(p.end);
                         apply(store, p)?;
                     } else {
+                        if p.held_at.is_none_or(|(at, _)| at != stable) {
+                            p.held_at = Some((stable, Instant::now()));
+                        }
                         debug!(topic = %p.part.topic, partition, stable, end = p.end,
                                "restore waits for a transaction still open in the changelog");
                     }
@@ -281,6 +291,7 @@ fn read_topic(
                     continue;
                 };
                 let p = &mut progress[i];
+                p.held_at = None;
                 if m.offset() >= p.next && !done(p) {
                     take(store, p, &m)?;
                 }
@@ -289,9 +300,24 @@ fn read_topic(
         if logged.elapsed() >= PROGRESS_EVERY {
             logged = Instant::now();
             for p in progress.iter().filter(|p| !done(p)) {
-                info!(topic = %p.part.topic, partition = p.part.partition, entries = p.entries,
-                      at = p.next, end = p.end, seconds = started.elapsed().as_secs(),
-                      "restoring from the changelog");
+                match p.held_at {
+                    Some((stable, since)) if since.elapsed() >= OPEN_TOO_LONG => {
+                        warn!(topic = %p.part.topic, partition = p.part.partition,
+                              stable_offset = stable, end = p.end,
+                              open_seconds = since.elapsed().as_secs(),
+                              "the restore waits on a transaction open in the changelog for \
+                               longer than any kafka-delay transaction lasts: a transaction \
+                               the broker never ended (`kafka-transactions describe-producers \
+                               --topic TOPIC --partition PARTITION` names its producer; \
+                               docs/decisions.md, \"Testing against Kafka\")");
+                    }
+                    _ => {
+                        info!(topic = %p.part.topic, partition = p.part.partition,
+                              entries = p.entries, at = p.next, end = p.end,
+                              seconds = started.elapsed().as_secs(),
+                              "restoring from the changelog");
+                    }
+                }
             }
         }
     }
