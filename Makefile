@@ -77,7 +77,10 @@ test: deps kafka python console
 
 # The long fault runs of RELIABILITY.md: 100 kill -9 cycles, a 120 s Kafka outage, 1M records
 # of bad input, on the mock cluster and then on Apache Kafka (the mock takes 100,000 records of
-# bad input: it keeps about 5 MB per partition). CI runs the bounded versions inside `make test`.
+# bad input: it keeps about 5 MB per partition); then the exactly-once broker-kill scenario 12
+# times (KAFKA_DELAY_KAFKA_VERSION=V picks the release: the README's version table). CI runs the
+# bounded versions inside `make test`.
 soak: deps kafka
 	KAFKA_DELAY_SOAK=1 KAFKA_DELAY_BAD_INPUT_RECORDS=100000 cargo test --features kafka-delay/failpoints --test reliability -- --nocapture --test-threads=1 --skip apache_kafka_
 	KAFKA_DELAY_SOAK=1 bash scripts/kafka.sh run cargo test --features kafka-delay/failpoints --test reliability -- --nocapture --test-threads=1 --skip mock_cluster_
+	KAFKA_DELAY_SOAK=1 bash scripts/kafka.sh run cargo test --features kafka-delay/failpoints --test exactly_once -- --nocapture through_a_kafka_broker_restart

@@ -11,7 +11,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::apache::{self, Private};
-use common::group::{logs_tail, report, spawn_with, stop_gracefully, verify, Instance};
+use common::group::{logs_tail, report, soak, spawn_with, stop_gracefully, verify, Instance};
 use common::procs::wait_ready;
 use common::{Kafka, Topics};
 use serde_json::Value;
@@ -191,17 +191,32 @@ async fn apache_kafka_exactly_once_through_rebalance_churn_of_three_instances() 
 /// Two instances on a Kafka broker of their own, which is killed (SIGKILL) while records come
 /// due (2,000 a second) and restarted 35 s later (past the producers' 30 s message timeout and the 10 s
 /// transaction timeout).
+/// With KAFKA_DELAY_TEST_KEEP_LOGS=DIR, the broker's directory of a run that lost, duplicated
+/// or fired early is kept there too, to be read with Kafka's tools.
 async fn kafka_restart(mode: &'static [&'static str]) -> (Value, String) {
     let broker = Private::start();
     let g = Group::start(Kafka::External(broker.brokers().to_owned()), 2, 4, mode).await;
+    let id = g.t.id.clone();
     let verify = g.verify(120_000, 60);
     tokio::time::sleep(Duration::from_secs(20)).await;
     broker.kill();
     tokio::time::sleep(Duration::from_secs(35)).await;
     broker.restart();
     eprintln!("{}: Kafka restarted", mode_name(mode));
-    g.judged(verify).await
+    let (report, tail) = g.judged(verify).await;
+    let clean = report["lost"] == 0 && report["early"] == 0;
+    let clean = clean && (mode.is_empty() || report["duplicates"] == 0);
+    if let (false, Ok(keep)) = (clean, std::env::var("KAFKA_DELAY_TEST_KEEP_LOGS")) {
+        let to = Path::new(&keep).join(format!("{id}-{}-broker", mode_name(mode)));
+        broker.keep(&to);
+        eprintln!("the broker's directory is kept in {}", to.display());
+    }
+    (report, tail)
 }
+
+/// Runs of the exactly-once half under `KAFKA_DELAY_SOAK=1`, each on a broker of its own: the
+/// loop that tells which Kafka releases pass (README, the version table).
+const SOAK_RUNS: usize = 12;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_exactly_once_through_a_kafka_broker_restart() {
@@ -209,6 +224,17 @@ async fn apache_kafka_exactly_once_through_a_kafka_broker_restart() {
     let alo = kafka_restart(AT_LEAST_ONCE).await;
     let eos = kafka_restart(EXACTLY_ONCE).await;
     judge("a Kafka broker killed and restarted 35 s later", alo, eos);
+    if !soak() {
+        return;
+    }
+    for run in 2..=SOAK_RUNS {
+        let (eos, logs) = kafka_restart(EXACTLY_ONCE).await;
+        eprintln!("exactly-once run {run} of {SOAK_RUNS}: {eos}");
+        assert!(
+            eos["lost"] == 0 && eos["duplicates"] == 0 && eos["early"] == 0,
+            "a Kafka broker killed and restarted, exactly-once run {run}: {eos}\n{logs}"
+        );
+    }
 }
 
 /// Two instances; one is paused (SIGSTOP) while records come due, for 25 s (past its 6 s

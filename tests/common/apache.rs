@@ -92,6 +92,23 @@ impl Private {
     pub(crate) fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("kafka.log")).unwrap_or_default()
     }
+
+    /// Stops the broker and copies its directory (data, configuration, log) to `to`.
+    #[allow(dead_code)] // not every suite that includes this module keeps a broker
+    pub(crate) fn keep(&self, to: &Path) {
+        self.stop();
+        let copied = Command::new("cp")
+            .arg("-a")
+            .arg(self.dir.path())
+            .arg(to)
+            .status()
+            .expect("cp");
+        assert!(
+            copied.success(),
+            "cannot copy the broker's directory to {}",
+            to.display()
+        );
+    }
 }
 
 impl Drop for Private {
