@@ -42,10 +42,13 @@ pub(super) fn config(
         "127.0.0.1:0",
         "--dead-letter-topic",
         "bench.dlt",
-        // Every run is one member of a group of its own, so static membership (which only
-        // spares a restarted member a rebalance) has nothing to do here.
-        "--no-static-membership",
     ];
+    // Every run is one member of a group of its own, so static membership (which only spares
+    // a restarted member a rebalance) has nothing to do here; a run that names its instance
+    // (exactly-once needs the id) is a static member, alone in its group all the same.
+    if !extra.contains(&"--instance-id") {
+        flags.push("--no-static-membership");
+    }
     flags.extend_from_slice(extra);
     Ok(RunArgs::try_parse_flags(flags)?.validate()?)
 }

@@ -5,6 +5,8 @@
 //!   consume-and-produce passthrough and a stored passthrough with the same client settings on
 //!   the same Kafka, then the highest rate it sustains while the records are being produced (a
 //!   sweep), then lateness at 70% of that rate with pending records filled in first.
+//! - `bench modes` (`e2e/modes.rs`): the same passthrough against the broker in every
+//!   durability mode (local, changelog, exactly-once), in interleaved rounds.
 //! - `bench recovery` (`recovery.rs`): a broker process's start to ready with millions of
 //!   records pending in RocksDB, and its memory, against re-consuming them from Kafka.
 //! - `bench restore` (`restore.rs`): a partition's pending records restored from the changelog
@@ -38,6 +40,7 @@ use std::path::Path;
 use clap::{Args, Subcommand};
 
 pub use cycle::{store_cycle, Cycle, CycleArgs, Phases};
+pub use e2e::modes::{run_modes, ModesArgs, ModesRow};
 pub use e2e::{run_e2e, E2eArgs, E2eReport};
 pub use exactly::{run_exactly_once, EosRun, ExactlyOnceArgs};
 pub use fill::{fill, FillArgs, FillError, Filled};
@@ -67,6 +70,9 @@ pub enum BenchCommand {
     /// End-to-end throughput against a plain passthrough, the highest sustained rate, then
     /// lateness under load.
     E2e(E2eArgs),
+    /// Every durability mode (local, changelog, exactly-once) against the same plain
+    /// passthrough, in interleaved rounds (Apache Kafka).
+    Modes(ModesArgs),
     /// A broker process's start to ready with N records pending, and its memory, against
     /// re-consuming the same records from Kafka.
     Recovery(RecoveryArgs),
@@ -110,6 +116,10 @@ pub fn run(what: &BenchCommand) -> Result<(), BenchError> {
         }
         BenchCommand::E2e(args) => {
             runtime()?.block_on(run_e2e(args))?;
+        }
+        BenchCommand::Modes(args) => {
+            let rows = runtime()?.block_on(run_modes(args))?;
+            write_json(&args.json, &rows)?;
         }
         BenchCommand::Recovery(args) => {
             runtime()?.block_on(run_recovery(args))?;

@@ -93,3 +93,36 @@ fn bench_recovery_times_a_broker_process_over_a_filled_store_and_a_reconsume_of_
     assert!(row["rss_bytes"].as_u64().unwrap() > 1_000_000, "{row}");
     assert!(row["reconsume_s"].as_f64().unwrap() > 0.0, "{row}");
 }
+
+/// `kafka-delay-bench modes` at a tiny size on the Kafka of the run: the passthrough and the
+/// broker in every mode that Kafka runs (on the embedded cluster only `local`) each move all
+/// their records, and the JSON carries each mode's rate and its ratio to the passthrough.
+#[test]
+fn bench_modes_moves_every_record_through_the_passthrough_and_each_mode() {
+    let on_kafka = std::env::var("KAFKA_DELAY_TEST_BROKERS").is_ok_and(|b| !b.is_empty());
+    let modes = if on_kafka {
+        "local,changelog,exactly-once"
+    } else {
+        "local"
+    };
+    let line =
+        format!("modes --records 2000 --value-bytes 100 --rounds 1 --partitions 4 --modes {modes}");
+    let (stdout, rows) = bench(180, &line, &[]);
+    assert!(
+        stdout.contains("| 100 B | 2000 x 1 | passthrough |"),
+        "{stdout}"
+    );
+    let row = &rows.as_array().unwrap()[0];
+    assert!(row["passthrough_per_s"].as_f64().unwrap() > 0.0, "{row}");
+    let measured: Vec<&str> = row["modes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| {
+            assert!(m["per_s"].as_f64().unwrap() > 0.0, "{m}");
+            assert!(m["of_passthrough"].as_f64().unwrap() > 0.0, "{m}");
+            m["mode"].as_str().unwrap()
+        })
+        .collect();
+    assert_eq!(measured.join(","), modes);
+}

@@ -25,6 +25,7 @@
 //! a run cost the machine `bench::machine`.
 
 mod lateness;
+pub(crate) mod modes;
 mod plain;
 mod throughput;
 

@@ -67,10 +67,10 @@ impl Kafka {
                 .stored_passthrough(&format!("{size}.{r}"), n, size)
                 .await?;
             let off = self
-                .through_broker(&format!("{size}.{r}a"), n, size, false)
+                .through_broker(&format!("{size}.{r}a"), n, size, &[])
                 .await?;
             let on = self
-                .through_broker(&format!("{size}.{r}b"), n, size, true)
+                .through_broker(&format!("{size}.{r}b"), n, size, &["--sync"])
                 .await?;
             let round = [pt.wall, off.wall, on.wall, consume, stored.wall]
                 .map(|d| n as f64 / d.as_secs_f64());
@@ -188,7 +188,7 @@ impl Kafka {
     /// Consume-and-produce of `n` records with the broker's client settings, each re-produced
     /// with its key, value and headers: the time from the first record consumed to the last one
     /// acknowledged.
-    async fn passthrough(
+    pub(super) async fn passthrough(
         &self,
         tag: &str,
         n: u64,
@@ -323,14 +323,14 @@ impl Kafka {
         Ok(took)
     }
 
-    /// The same through the broker: from the first record ingested to the last one delivered
-    /// and deleted from RocksDB.
-    async fn through_broker(
+    /// The same through the broker, started with the flags `extra` besides the benchmark's:
+    /// from the first record ingested to the last one delivered and deleted from RocksDB.
+    pub(super) async fn through_broker(
         &self,
         tag: &str,
         n: u64,
         size: usize,
-        sync: bool,
+        extra: &[&str],
     ) -> Result<Span, BenchError> {
         let dir = tempfile::TempDir::new()?;
         let tag = format!("{tag}.{}", self.run).replace('-', "_");
@@ -343,9 +343,7 @@ impl Kafka {
             "--group-id",
             group.as_str(),
         ];
-        if sync {
-            flags.push("--sync");
-        }
+        flags.extend_from_slice(extra);
         flags.extend(self.broker_flags.iter().map(String::as_str));
         let config = config(&self.brokers, dir.path(), &flags)?;
         let producer = kafka::producer(&config)?;
