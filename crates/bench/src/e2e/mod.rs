@@ -241,12 +241,7 @@ pub struct E2eReport {
 /// # Errors
 /// A bad flag, Kafka or RocksDB.
 pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
-    let sizes: Vec<usize> = args
-        .value_bytes
-        .split(',')
-        .map(|s| s.trim().parse::<usize>())
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("--value-bytes {}: {e}", args.value_bytes))?;
+    let sizes = value_sizes(&args.value_bytes)?;
     let duration = |flag: &str, value: &str| {
         parse_duration_ms(value)
             .map(Duration::from_millis)
@@ -313,6 +308,14 @@ pub async fn run_e2e(args: &E2eArgs) -> Result<E2eReport, BenchError> {
         report.lateness = Some(l);
     }
     write_report(args, report)
+}
+
+/// The value sizes of `--value-bytes`, comma-separated bytes.
+fn value_sizes(flag: &str) -> Result<Vec<usize>, BenchError> {
+    flag.split(',')
+        .map(|s| s.trim().parse::<usize>())
+        .collect::<Result<_, _>>()
+        .map_err(|e| format!("--value-bytes {flag}: {e}").into())
 }
 
 /// Writes the report as JSON to `--json` and says where.

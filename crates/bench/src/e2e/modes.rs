@@ -119,12 +119,7 @@ pub struct ModesRow {
 /// # Errors
 /// A bad flag, Kafka or RocksDB.
 pub async fn run_modes(args: &ModesArgs) -> Result<Vec<ModesRow>, BenchError> {
-    let sizes: Vec<usize> = args
-        .value_bytes
-        .split(',')
-        .map(|s| s.trim().parse::<usize>())
-        .collect::<Result<_, _>>()
-        .map_err(|e| format!("--value-bytes {}: {e}", args.value_bytes))?;
+    let sizes = super::value_sizes(&args.value_bytes)?;
     let modes: Vec<Mode> = args
         .modes
         .split(',')

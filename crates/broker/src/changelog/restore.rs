@@ -102,6 +102,41 @@ struct Progress {
     held_at: Option<(i64, Instant)>,
 }
 
+impl Progress {
+    /// The read reached the last stable offset `stable`, short of the end: a transaction is
+    /// open in the changelog there.
+    fn held(&mut self, stable: i64) {
+        if self.held_at.is_none_or(|(at, _)| at != stable) {
+            self.held_at = Some((stable, Instant::now()));
+        }
+        debug!(topic = %self.part.topic, partition = self.part.partition, stable, end = self.end,
+               "restore waits for a transaction still open in the changelog");
+    }
+
+    /// Says how far the restore is, or, when it has waited on a transaction open in the
+    /// changelog for longer than any kafka-delay transaction lasts, that it does.
+    fn log(&self, started: Instant) {
+        match self.held_at {
+            Some((stable, since)) if since.elapsed() >= OPEN_TOO_LONG => {
+                warn!(topic = %self.part.topic, partition = self.part.partition,
+                      stable_offset = stable, end = self.end,
+                      open_seconds = since.elapsed().as_secs(),
+                      "the restore waits on a transaction open in the changelog for longer \
+                       than any kafka-delay transaction lasts: a transaction the broker never \
+                       ended (`kafka-transactions describe-producers --topic TOPIC \
+                       --partition PARTITION` names its producer; docs/decisions.md, \
+                       \"Testing against Kafka\")");
+            }
+            _ => {
+                info!(topic = %self.part.topic, partition = self.part.partition,
+                      entries = self.entries, at = self.next, end = self.end,
+                      seconds = started.elapsed().as_secs(),
+                      "restoring from the changelog");
+            }
+        }
+    }
+}
+
 /// Restores `parts` into `store` and returns each one's outcome (a cancelled one is left out).
 /// `remaining`, when given, shows the entries still to read, every second.
 ///
@@ -277,11 +312,7 @@ fn read_topic(
                         p.next = p.next.max(p.end);
                         apply(store, p)?;
                     } else {
-                        if p.held_at.is_none_or(|(at, _)| at != stable) {
-                            p.held_at = Some((stable, Instant::now()));
-                        }
-                        debug!(topic = %p.part.topic, partition, stable, end = p.end,
-                               "restore waits for a transaction still open in the changelog");
+                        p.held(stable);
                     }
                 }
             }
@@ -300,24 +331,7 @@ fn read_topic(
         if logged.elapsed() >= PROGRESS_EVERY {
             logged = Instant::now();
             for p in progress.iter().filter(|p| !done(p)) {
-                match p.held_at {
-                    Some((stable, since)) if since.elapsed() >= OPEN_TOO_LONG => {
-                        warn!(topic = %p.part.topic, partition = p.part.partition,
-                              stable_offset = stable, end = p.end,
-                              open_seconds = since.elapsed().as_secs(),
-                              "the restore waits on a transaction open in the changelog for \
-                               longer than any kafka-delay transaction lasts: a transaction \
-                               the broker never ended (`kafka-transactions describe-producers \
-                               --topic TOPIC --partition PARTITION` names its producer; \
-                               docs/decisions.md, \"Testing against Kafka\")");
-                    }
-                    _ => {
-                        info!(topic = %p.part.topic, partition = p.part.partition,
-                              entries = p.entries, at = p.next, end = p.end,
-                              seconds = started.elapsed().as_secs(),
-                              "restoring from the changelog");
-                    }
-                }
+                p.log(started);
             }
         }
     }
