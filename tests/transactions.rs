@@ -7,6 +7,7 @@
 
 mod common;
 
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -29,6 +30,8 @@ const CUT: Cut = Cut {
     interval: Duration::from_millis(20),
     max_records: 1_000,
     timeout: Duration::from_secs(30),
+    // librdkafka's default transaction timeout, the producers' here.
+    stuck: Cut::stuck_after(Duration::from_secs(60)),
 };
 
 fn transactional(kafka: &Kafka, id: &str) -> TxnProducer {
@@ -39,6 +42,18 @@ fn transactional(kafka: &Kafka, id: &str) -> TxnProducer {
             .set("linger.ms", "5"),
     )
     .expect("transactional producer")
+}
+
+/// Makes a new transactional producer with id `id`, as a loop renews its fenced one.
+fn renewer(kafka: &Kafka, id: &str) -> Renew {
+    let (brokers, id) = (kafka.brokers().to_owned(), id.to_owned());
+    Arc::new(move || {
+        kafka_delay::txn::producer(
+            ClientConfig::new()
+                .set("bootstrap.servers", &brokers)
+                .set("transactional.id", &id),
+        )
+    })
 }
 
 /// A member of `group` consuming `topic`, once it has its assignment.
@@ -175,20 +190,9 @@ async fn apache_kafka_work_that_arrives_while_fenced_waits_for_the_renewed_produ
     let target = unique("txn-out");
     kafka.create_topic(&target, 1).await;
     let id = unique("txn");
-    let renew = {
-        let (brokers, id) = (kafka.brokers().to_owned(), id.clone());
-        let renew: Renew = Arc::new(move || {
-            kafka_delay::txn::producer(
-                ClientConfig::new()
-                    .set("bootstrap.servers", &brokers)
-                    .set("transactional.id", &id),
-            )
-        });
-        renew
-    };
     let no_offsets: GroupMetadata = Arc::new(|| None);
     let setup = Setup {
-        renew: Some(renew),
+        renew: Some(renewer(&kafka, &id)),
         ..Setup::new(no_offsets.clone(), CUT)
     };
     let (txn, _task) = Transactions::start(transactional(&kafka, &id), setup).unwrap();
@@ -205,6 +209,79 @@ async fn apache_kafka_work_that_arrives_while_fenced_waits_for_the_renewed_produ
     let fenced = newer.submit(vec![out(&target, "newer")], vec![]).await;
     assert!(matches!(fenced, Err(TxnError::Fenced(_))), "{fenced:?}");
     assert_eq!(values(&kafka, &target).await, ["renewed"]);
+}
+
+/// A transaction that hangs before its commit is sent (here the read of the group's metadata
+/// for its offsets blocks, as a call to an unanswering coordinator would) is given up once it
+/// ran past `Cut::stuck`, while the call still hangs: its work is answered as fenced, the
+/// producer renewed, and the same work commits on the new producer, once. When the hung call
+/// returns, the given-up transaction does not commit. Without the limit (as long as the hang)
+/// the loop, and every record of the instance, would wait for the call.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_transaction_hung_before_its_commit_is_given_up_and_its_work_commits_once_renewed(
+) {
+    const HANG: Duration = Duration::from_secs(5);
+    let kafka = Kafka::start();
+    let (source, target) = (unique("txn-hang-src"), unique("txn-hang-out"));
+    kafka.create_topic(&source, 1).await;
+    kafka.create_topic(&target, 1).await;
+    let consumer = member(&kafka, &unique("txn-hang"), &source);
+    // The member stays in its group however long the test takes (it polls as ingest does).
+    let polling = Arc::new(AtomicBool::new(true));
+    let poller = {
+        let (c, polling) = (consumer.clone(), polling.clone());
+        std::thread::spawn(move || {
+            while polling.load(Ordering::SeqCst) {
+                let _ = c.poll(Duration::from_millis(100));
+            }
+        })
+    };
+    // The first read of the metadata hangs for HANG; `returned` says when it is over.
+    let (first, returned) = (
+        Arc::new(AtomicBool::new(true)),
+        Arc::new(AtomicBool::new(false)),
+    );
+    let metadata: GroupMetadata = {
+        let (c, first, returned) = (consumer.clone(), first.clone(), returned.clone());
+        Arc::new(move || {
+            if first.swap(false, Ordering::SeqCst) {
+                std::thread::sleep(HANG);
+                returned.store(true, Ordering::SeqCst);
+            }
+            c.group_metadata()
+        })
+    };
+    let id = unique("txn");
+    let cut = Cut {
+        stuck: Duration::from_secs(1),
+        ..CUT
+    };
+    let setup = Setup {
+        renew: Some(renewer(&kafka, &id)),
+        ..Setup::new(metadata, cut)
+    };
+    let (txn, _task) = Transactions::start(transactional(&kafka, &id), setup).unwrap();
+    let work = || (vec![out(&target, "a")], vec![(source.clone(), 0, 1)]);
+    let (records, offsets) = work();
+    let hung = txn.submit(records, offsets).await;
+    assert!(matches!(hung, Err(TxnError::Fenced(_))), "{hung:?}");
+    assert!(
+        !returned.load(Ordering::SeqCst),
+        "answered only once the hung call returned"
+    );
+    let (records, offsets) = work();
+    txn.submit(records, offsets)
+        .await
+        .expect("committed on the renewed producer");
+    // The hung call returns; the transaction it belonged to must not commit after it.
+    while !returned.load(Ordering::SeqCst) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(values(&kafka, &target).await, ["a"]);
+    assert_eq!(committed(&consumer, &source), Some(1));
+    polling.store(false, Ordering::SeqCst);
+    poller.join().unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

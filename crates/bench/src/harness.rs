@@ -88,6 +88,13 @@ impl Kafka {
         }
     }
 
+    /// Creates target `topic` with the current number of partitions, keeping Kafka's append
+    /// times (`message.timestamp.type=LogAppendTime`): a checker's clock.
+    pub(super) async fn create_target(&self, topic: &str) {
+        let partitions = self.partitions.load(Ordering::Relaxed);
+        self.cluster.create_target_topic(topic, partitions).await;
+    }
+
     /// The benchmark's own producer, batching for up to `linger_ms`.
     pub(super) fn producer(&self, linger_ms: u32) -> Result<FutureProducer, BenchError> {
         Ok(ClientConfig::new()
@@ -118,6 +125,19 @@ impl Kafka {
         target: Option<&str>,
         after: &str,
     ) -> Result<(), BenchError> {
+        self.fill_topic_with(topic, n, size, target, ("delay-after", after))
+            .await
+    }
+
+    /// [`Kafka::fill_topic`] with the due-time header `due` (name, value), records keyed `k<i>`.
+    pub(super) async fn fill_topic_with(
+        &self,
+        topic: &str,
+        n: u64,
+        size: usize,
+        target: Option<&str>,
+        due: (&str, &str),
+    ) -> Result<(), BenchError> {
         let p = self.producer(5)?;
         let value = vec![b'v'; size];
         let mut acks = Vec::new();
@@ -132,8 +152,8 @@ impl Kafka {
                             value: Some(t),
                         })
                         .insert(Header {
-                            key: "delay-after",
-                            value: Some(after),
+                            key: due.0,
+                            value: Some(due.1),
                         }),
                 );
             }

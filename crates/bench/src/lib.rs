@@ -7,6 +7,8 @@
 //!   sweep), then lateness at 70% of that rate with pending records filled in first.
 //! - `bench modes` (`e2e/modes.rs`): the same passthrough against the broker in every
 //!   durability mode (local, changelog, exactly-once), in interleaved rounds.
+//! - `bench wave` (`e2e/wave.rs`): N records due in the same millisecond through the
+//!   production modes, drained against the passthrough, judged by the verifier's tally.
 //! - `bench recovery` (`recovery.rs`): a broker process's start to ready with millions of
 //!   records pending in RocksDB, and its memory, against re-consuming them from Kafka.
 //! - `bench restore` (`restore.rs`): a partition's pending records restored from the changelog
@@ -41,6 +43,7 @@ use clap::{Args, Subcommand};
 
 pub use cycle::{store_cycle, Cycle, CycleArgs, Phases};
 pub use e2e::modes::{run_modes, ModesArgs, ModesRow};
+pub use e2e::wave::{run_wave, Wave, WaveArgs};
 pub use e2e::{run_e2e, E2eArgs, E2eReport};
 pub use exactly::{run_exactly_once, EosRun, ExactlyOnceArgs};
 pub use fill::{fill, FillArgs, FillError, Filled};
@@ -73,6 +76,9 @@ pub enum BenchCommand {
     /// Every durability mode (local, changelog, exactly-once) against the same plain
     /// passthrough, in interleaved rounds (Apache Kafka).
     Modes(ModesArgs),
+    /// N records due in the same millisecond through the production modes, each after a
+    /// passthrough of the same number: drain rate, lateness, nothing early (Apache Kafka).
+    Wave(WaveArgs),
     /// A broker process's start to ready with N records pending, and its memory, against
     /// re-consuming the same records from Kafka.
     Recovery(RecoveryArgs),
@@ -120,6 +126,10 @@ pub fn run(what: &BenchCommand) -> Result<(), BenchError> {
         BenchCommand::Modes(args) => {
             let rows = runtime()?.block_on(run_modes(args))?;
             write_json(&args.json, &rows)?;
+        }
+        BenchCommand::Wave(args) => {
+            let waves = runtime()?.block_on(run_wave(args))?;
+            write_json(&args.json, &waves)?;
         }
         BenchCommand::Recovery(args) => {
             runtime()?.block_on(run_recovery(args))?;

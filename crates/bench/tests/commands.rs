@@ -126,3 +126,42 @@ fn bench_modes_moves_every_record_through_the_passthrough_and_each_mode() {
         .collect();
     assert_eq!(measured.join(","), modes);
 }
+
+/// `kafka-delay-bench wave` at a tiny size on Apache Kafka: in each production mode every
+/// record of the wave, all due at one instant the bench planned, arrives once and none before
+/// that instant by Kafka's append time, and the JSON carries the drain rate beside its
+/// passthrough's. Without Apache Kafka the command says it needs one.
+#[test]
+fn bench_wave_fires_every_record_of_a_wave_once_and_none_early_in_each_production_mode() {
+    let on_kafka = std::env::var("KAFKA_DELAY_TEST_BROKERS").is_ok_and(|b| !b.is_empty());
+    if !on_kafka {
+        let out = Command::new(BIN)
+            .args(["wave", "--records", "10"])
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && stderr.contains("--brokers"),
+            "{stderr}"
+        );
+        return;
+    }
+    let line = "wave --records 2000 --partitions 4 --lead 15s --modes changelog,exactly-once";
+    let (stdout, waves) = bench(240, line, &[]);
+    assert!(stdout.contains("| changelog | 2000 |"), "{stdout}");
+    let waves = waves.as_array().unwrap();
+    let modes: Vec<&str> = waves.iter().map(|w| w["mode"].as_str().unwrap()).collect();
+    assert_eq!(modes, ["changelog", "exactly-once"]);
+    for w in waves {
+        let v = &w["verdict"];
+        assert_eq!(v["arrival"], "log-append-time", "{w}");
+        assert_eq!(v["received"], 2000, "{w}");
+        assert_eq!(
+            (&v["early"], &v["lost"], &v["duplicates"]),
+            (&0.into(), &0.into(), &0.into()),
+            "{w}"
+        );
+        assert!(w["drain_per_s"].as_f64().unwrap() > 0.0, "{w}");
+        assert!(w["of_passthrough"].as_f64().unwrap() > 0.0, "{w}");
+    }
+}

@@ -28,6 +28,7 @@ mod lateness;
 pub(crate) mod modes;
 mod plain;
 mod throughput;
+pub(crate) mod wave;
 
 use std::path::PathBuf;
 use std::time::Duration;

@@ -51,7 +51,7 @@ pub enum Mode {
 }
 
 impl Mode {
-    fn parse(name: &str) -> Result<Self, BenchError> {
+    pub(super) fn parse(name: &str) -> Result<Self, BenchError> {
         match name.trim() {
             "local" => Ok(Self::Local),
             "changelog" => Ok(Self::Changelog),
@@ -63,7 +63,7 @@ impl Mode {
         }
     }
 
-    fn name(self) -> &'static str {
+    pub(super) fn name(self) -> &'static str {
         match self {
             Self::Local => "local",
             Self::Changelog => "changelog",
@@ -73,7 +73,7 @@ impl Mode {
 
     /// The `run` flags of the mode. Exactly-once needs an instance id that stays the same
     /// across restarts; every run here is a group of its own, so one name serves.
-    fn flags(self) -> &'static [&'static str] {
+    pub(super) fn flags(self) -> &'static [&'static str] {
         match self {
             Self::Local => &["--no-changelog"],
             Self::Changelog => &["--changelog"],

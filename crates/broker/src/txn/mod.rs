@@ -101,6 +101,18 @@ pub struct Cut {
     pub max_records: usize,
     /// Longest a commit, abort or offset send may block.
     pub timeout: Duration,
+    /// Longest a transaction may run before its commit is sent: past it the loop gives the
+    /// transaction up and renews its producer (which fences it), and its work goes again.
+    /// Twice the producer's `transaction.timeout.ms` ([`Cut::stuck_after`]): by then its
+    /// coordinator has aborted it, and every other transaction of this instance waits on it.
+    pub stuck: Duration,
+}
+
+impl Cut {
+    /// The [`Cut::stuck`] of a producer whose transaction timeout is `transaction_timeout`.
+    pub const fn stuck_after(transaction_timeout: Duration) -> Duration {
+        transaction_timeout.saturating_mul(2)
+    }
 }
 
 /// The consumer's group metadata, read when a transaction sends offsets.

@@ -1,7 +1,6 @@
 //! The transaction loop: gathers the work handed in into transactions, one at a time, and
 //! answers each piece of work.
 
-use std::sync::atomic::AtomicU8;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -14,7 +13,7 @@ use tracing::{error, info, warn};
 
 use super::outcome::Outcome;
 use super::refused::Refused;
-use super::stuck::{may_commit, retire, watched, HUNG, RUNNING};
+use super::stuck::{retire, watched, Phase, Step, HUNG};
 use super::{classify, Offsets, Out, Queued, Setup, TxnError, TxnProducer, Work};
 use crate::kafka_clock::KafkaClock;
 
@@ -108,10 +107,10 @@ pub(super) async fn run(producer: TxnProducer, setup: Setup, mut rx: mpsc::Recei
 /// One transaction for `works` on a blocking thread, watched ([`watched`]).
 async fn on_its_thread(producer: &TxnProducer, setup: &Setup, works: Vec<Work>) -> Outcome {
     let (p, s, n) = (producer.clone(), setup.clone(), works.len());
-    let phase = Arc::new(AtomicU8::new(RUNNING));
+    let phase = Arc::new(Phase::default());
     let c = phase.clone();
     let running = tokio::task::spawn_blocking(move || transaction(&p, &s, works, &c));
-    match watched(running, &phase).await {
+    match watched(running, &phase, setup.cut.stuck).await {
         Some(Ok(done)) => done,
         Some(Err(e)) => Outcome::new(vec![Err(TxnError::Aborted(e.to_string())); n], vec![], None),
         None => Outcome::new(vec![Err(TxnError::Fenced(HUNG.into())); n], vec![], None),
@@ -215,7 +214,7 @@ fn transaction(
     producer: &TxnProducer,
     setup: &Setup,
     mut works: Vec<Work>,
-    phase: &AtomicU8,
+    phase: &Phase,
 ) -> Outcome {
     let n = works.len();
     let result = producer
@@ -227,7 +226,10 @@ fn transaction(
         Err(failure) => {
             let abort = match &failure {
                 Failure::Whole(TxnError::Fenced(_)) => Ok(()),
-                _ => producer.abort_transaction(setup.cut.timeout),
+                _ => {
+                    phase.at(Step::Abort);
+                    producer.abort_transaction(setup.cut.timeout)
+                }
             };
             let learned = match &failure {
                 Failure::Records(_, topics) => topics.clone(),
@@ -316,9 +318,10 @@ fn write(
     producer: &TxnProducer,
     setup: &Setup,
     works: &[Work],
-    phase: &AtomicU8,
+    phase: &Phase,
 ) -> Result<Vec<i64>, Failure> {
     let cut = setup.cut;
+    phase.at(Step::Send);
     let (outs, offsets) = gather(works);
     let mut deliveries = Vec::with_capacity(outs.len());
     for (i, out) in outs.iter().enumerate() {
@@ -352,11 +355,13 @@ fn write(
             }
         }
     }
+    phase.at(Step::Acknowledge);
     let written = acknowledged(producer, &outs, deliveries, setup.kafka_clock.as_deref())?;
     // The member's generation is read before its partitions are checked: a generation it
     // joins after the check (its revocations then already done) must not commit this
     // transaction's offsets, or records of a partition another member took over and restored
     // before they reached the log would commit here too. Read after the check, it could.
+    phase.at(Step::Offsets);
     let metadata = member(setup, &offsets)?;
     // Every record is in its partition's log now: an instance assigned one of these
     // partitions after this check reads up to past them, and waits for this transaction.
@@ -379,7 +384,7 @@ fn write(
             .send_offsets_to_transaction(&tpl, &metadata, cut.timeout)
             .map_err(whole)?;
     }
-    if !may_commit(phase) {
+    if !phase.may_commit() {
         return Err(Failure::Whole(TxnError::Fenced(HUNG.into())));
     }
     producer.commit_transaction(cut.timeout).map_err(whole)?;

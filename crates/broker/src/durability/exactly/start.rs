@@ -19,6 +19,17 @@ use crate::txn::{Cut, Setup, Transactions};
 /// Longest a commit, abort or offset send may block.
 const TRANSACTION_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
+/// The transaction timeout `config` gives its producer (librdkafka's default when unset).
+fn transaction_timeout(config: &rdkafka::ClientConfig) -> Duration {
+    let ms = config
+        .get("transaction.timeout.ms")
+        .and_then(|v| v.parse().ok());
+    Duration::from_millis(ms.unwrap_or(LIBRDKAFKA_TRANSACTION_TIMEOUT_MS))
+}
+
+/// librdkafka's default `transaction.timeout.ms`.
+const LIBRDKAFKA_TRANSACTION_TIMEOUT_MS: u64 = 60_000;
+
 /// Initializes the transactional producer (fencing whatever a previous run of this instance
 /// left open) and starts the loop; returns the mode and the loop's task.
 ///
@@ -57,6 +68,7 @@ pub(in crate::durability) async fn start(
             interval: config.cluster.transaction_interval,
             max_records: config.cluster.transaction_records,
             timeout: TRANSACTION_CALL_TIMEOUT,
+            stuck: Cut::stuck_after(transaction_timeout(&producer_config)),
         },
         owned: Some(owned),
         renew: Some(renew),
