@@ -103,12 +103,18 @@ pub async fn run_wave(args: &WaveArgs) -> Result<Vec<Wave>, BenchError> {
             .await?;
         let passthrough_per_s = n as f64 / pt.wall.as_secs_f64();
         let wave = kafka.wave(m, n, size, lead, passthrough_per_s).await?;
+        let v = &wave.verdict;
         eprintln!(
-            "{}: passthrough {passthrough_per_s:.0}/s, wave drained at {:.0}/s ({:.2}), {}",
+            "{}: passthrough {passthrough_per_s:.0}/s, wave drained at {:.0}/s ({:.2}); \
+             {} early, {} lost, {} duplicates; lateness p50 {} ms, p99 {} ms",
             m.name(),
             wave.drain_per_s,
             wave.of_passthrough,
-            wave.verdict.to_string().replace('\n', "; ")
+            v.early,
+            v.lost,
+            v.duplicates,
+            v.lateness_ms[0],
+            v.lateness_ms[1]
         );
         waves.push(wave);
     }
