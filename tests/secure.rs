@@ -27,7 +27,7 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::Timestamp;
+use rdkafka::{Offset, Timestamp, TopicPartitionList};
 use tempfile::TempDir;
 
 const ACLS: &str = "org.apache.kafka.tools.AclCommand";
@@ -392,7 +392,7 @@ async fn check(
         .unwrap();
     let mut all: Vec<&str> = topics.iter().map(String::as_str).collect();
     all.push(dead_letters);
-    checker.subscribe(&all).unwrap();
+    tokio::task::block_in_place(|| assign_all(&checker, &all));
     let mut seen = Seen::default();
     let mut last: HashMap<(String, i32), (u64, Instant)> = HashMap::new();
     let began = Instant::now();
@@ -445,6 +445,34 @@ async fn check(
     }
     seen.reading = tokio::task::block_in_place(|| reading(&checker, &last));
     seen
+}
+
+/// Assigns the checker every partition of `topics`, from the beginning. It reads without a
+/// group: a group coordinator that the faults take down (its session then timing out, its
+/// rejoin fenced) cannot keep the checker from reading, and a failure is the broker's.
+fn assign_all(checker: &StreamConsumer, topics: &[&str]) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut tpl = TopicPartitionList::new();
+    for &topic in topics {
+        let partitions = loop {
+            let found = checker
+                .fetch_metadata(Some(topic), Duration::from_secs(5))
+                .map(|m| m.topics().first().map_or(0, |t| t.partitions().len()));
+            match found {
+                Ok(n) if n > 0 => break n,
+                other => assert!(
+                    Instant::now() < deadline,
+                    "the partitions of {topic}: {other:?}"
+                ),
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        };
+        for p in 0..partitions {
+            tpl.add_partition_offset(topic, p as i32, Offset::Beginning)
+                .unwrap();
+        }
+    }
+    checker.assign(&tpl).unwrap();
 }
 
 /// For each partition read: records read, seconds since the last, the next offset to read and

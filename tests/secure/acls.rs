@@ -6,7 +6,7 @@
 
 use std::time::{Duration, Instant};
 
-use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::consumer::StreamConsumer;
 use rdkafka::message::Message;
 use rdkafka::producer::FutureProducer;
 use tempfile::TempDir;
@@ -183,7 +183,7 @@ async fn run(cluster: &Secured, plan: &Plan, (run, held): (&str, i32)) -> Outcom
         .set("enable.auto.commit", "false")
         .create()
         .unwrap();
-    checker.subscribe(&[&out, &dead]).unwrap();
+    tokio::task::block_in_place(|| super::assign_all(&checker, &[&out, &dead]));
     let deadline = Instant::now() + Duration::from_secs(20);
     // Done when both are accounted for: fired and dead-lettered, or both dead letters.
     let done = |o: &Outcome| o.dead.len() == 2 || (o.fired && o.dead.len() == 1);
