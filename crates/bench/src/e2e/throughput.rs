@@ -325,6 +325,27 @@ impl Kafka {
 
     /// The same through the broker, started with the flags `extra` besides the benchmark's:
     /// from the first record ingested to the last one delivered and deleted from RocksDB.
+    /// A broker run's data directory, its source and target topics (named after `tag` and
+    /// this run), and its config: a group of its own consuming that source, with `extra` and
+    /// the benchmark's broker flags. Nothing is created yet.
+    pub(super) fn broker_run(&self, tag: &str, extra: &[&str]) -> Result<BrokerRun, BenchError> {
+        let dir = tempfile::TempDir::new()?;
+        let tag = format!("{tag}.{}", self.run).replace('-', "_");
+        let (src, dst) = (format!("delay.bench.{tag}"), format!("bench.out.{tag}"));
+        let pattern = format!("^delay\\.bench\\.{tag}$");
+        let group = format!("kd-{tag}");
+        let mut flags = vec!["--source-pattern", &pattern, "--group-id", &group];
+        flags.extend_from_slice(extra);
+        flags.extend(self.broker_flags.iter().map(String::as_str));
+        let config = config(&self.brokers, dir.path(), &flags)?;
+        Ok(BrokerRun {
+            dir,
+            src,
+            dst,
+            config,
+        })
+    }
+
     pub(super) async fn through_broker(
         &self,
         tag: &str,
@@ -332,20 +353,12 @@ impl Kafka {
         size: usize,
         extra: &[&str],
     ) -> Result<Span, BenchError> {
-        let dir = tempfile::TempDir::new()?;
-        let tag = format!("{tag}.{}", self.run).replace('-', "_");
-        let (src, dst) = (format!("delay.bench.{tag}"), format!("bench.out.{tag}"));
-        let pattern = format!("^delay\\.bench\\.{tag}$");
-        let group = format!("kd-{tag}");
-        let mut flags = vec![
-            "--source-pattern",
-            pattern.as_str(),
-            "--group-id",
-            group.as_str(),
-        ];
-        flags.extend_from_slice(extra);
-        flags.extend(self.broker_flags.iter().map(String::as_str));
-        let config = config(&self.brokers, dir.path(), &flags)?;
+        let BrokerRun {
+            dir: _dir,
+            src,
+            dst,
+            config,
+        } = self.broker_run(tag, extra)?;
         let producer = kafka::producer(&config)?;
         self.create(&src, &producer, &config).await;
         self.create(&dst, &producer, &config).await;
@@ -381,6 +394,14 @@ impl Kafka {
         running.shutdown().await;
         Ok(took)
     }
+}
+
+/// What [`Kafka::broker_run`] sets up; the data directory lives as long as the run.
+pub(super) struct BrokerRun {
+    pub(super) dir: tempfile::TempDir,
+    pub(super) src: String,
+    pub(super) dst: String,
+    pub(super) config: Config,
 }
 
 /// What a passthrough run copies with (`Kafka::copying`); the data directory lives as long as

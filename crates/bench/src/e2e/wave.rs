@@ -20,7 +20,8 @@ use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::Message;
 
 use super::modes::Mode;
-use crate::harness::{config, Kafka};
+use super::throughput::BrokerRun;
+use crate::harness::Kafka;
 use crate::BenchError;
 use kafka_delay::app;
 use kafka_delay::kafka;
@@ -132,13 +133,12 @@ impl Kafka {
         lead: Duration,
         passthrough_per_s: f64,
     ) -> Result<Wave, BenchError> {
-        let dir = tempfile::TempDir::new()?;
-        let tag = format!("wave.{}.{}", mode.name(), self.run).replace('-', "_");
-        let (src, dst) = (format!("delay.bench.{tag}"), format!("bench.out.{tag}"));
-        let (pattern, group) = (format!("^delay\\.bench\\.{tag}$"), format!("kd-{tag}"));
-        let mut flags = vec!["--source-pattern", &pattern, "--group-id", &group];
-        flags.extend_from_slice(mode.flags());
-        let config = config(&self.brokers, dir.path(), &flags)?;
+        let BrokerRun {
+            dir: _dir,
+            src,
+            dst,
+            config,
+        } = self.broker_run(&format!("wave.{}", mode.name()), mode.flags())?;
         let producer = kafka::producer(&config)?;
         self.create(&src, &producer, &config).await;
         self.create_target(&dst).await;
