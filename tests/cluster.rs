@@ -160,14 +160,17 @@ impl std::fmt::Debug for Tally {
 fn arrived(got: &[Got], n: u64) -> HashMap<u64, u64> {
     let mut seen: HashMap<u64, u64> = HashMap::new();
     for g in got {
-        let i = g
-            .value()
-            .and_then(|v| v.strip_prefix('r').and_then(|s| s.parse().ok()));
+        let i = g.value().as_deref().and_then(index);
         if let Some(i) = i.filter(|i| *i < n) {
             *seen.entry(i).or_default() += 1;
         }
     }
     seen
+}
+
+/// The `i` of a record `r{i}` (its value may go on after a `:`).
+fn index(value: &str) -> Option<u64> {
+    value.strip_prefix('r')?.split(':').next()?.parse().ok()
 }
 
 /// Lost, duplicated and early records of the plan `dues` (record `r{i}` due at `dues[i]`):
@@ -179,7 +182,7 @@ fn tally(got: &[Got], dues: &[u64]) -> Tally {
     let early = got
         .iter()
         .filter_map(|g| {
-            let i: usize = g.value()?.strip_prefix('r')?.parse().ok()?;
+            let i = index(&g.value()?)? as usize;
             let appended = match rdkafka::Message::timestamp(&g.msg) {
                 rdkafka::Timestamp::LogAppendTime(ms) => ms as u64,
                 _ => panic!("the target does not keep its append times"),
@@ -1198,4 +1201,165 @@ async fn apache_kafka_a_second_member_without_the_changelog_or_of_another_mode_i
         ("changelog".to_owned(), "changelog".to_owned())
     );
     drop(d);
+}
+
+/// Produces `r{i}:` padded to `bytes` for each `i` of `range` to `topic`, due at `due(i)`,
+/// spread over `partitions`, and waits for every acknowledgement.
+async fn produce_sized(
+    kafka: &Kafka,
+    (topic, target): (&str, &str),
+    range: std::ops::Range<u64>,
+    (partitions, bytes): (u64, usize),
+    due: impl Fn(u64) -> u64,
+) {
+    let p = kafka.producer();
+    let mut acks = Vec::new();
+    for i in range {
+        let mut value = format!("r{i}:");
+        value.extend(std::iter::repeat_n('x', bytes.saturating_sub(value.len())));
+        let at = due(i).to_string();
+        let headers = rdkafka::message::OwnedHeaders::new()
+            .insert(rdkafka::message::Header {
+                key: "delay-target",
+                value: Some(target),
+            })
+            .insert(rdkafka::message::Header {
+                key: "delay-until",
+                value: Some(at.as_str()),
+            });
+        let key = format!("k{i}");
+        let rec = FutureRecord::to(topic)
+            .partition((i % partitions) as i32)
+            .key(&key)
+            .payload(&value)
+            .headers(headers);
+        acks.push(p.send_result(rec).map_err(|(e, _)| e).expect("enqueued"));
+    }
+    for a in acks {
+        a.await.expect("delivery").expect("acknowledged");
+    }
+}
+
+/// The last changelog entry of each record of `source`'s changelog (group `g-{id}`):
+/// `(pointers, values)` among the pending ones (tombstones left out).
+async fn changelog_forms(kafka: &Kafka, t: &Topics, source: &str) -> (usize, usize) {
+    let topic = format!("g-{}-{source}-changelog", t.id);
+    let r = reader(kafka, &topic, 2);
+    let mut last: HashMap<(i32, Vec<u8>), Option<u8>> = HashMap::new();
+    for g in collect(&r, usize::MAX, Duration::from_secs(3)).await {
+        let m = &g.msg;
+        let Some(key) = rdkafka::Message::key(m).filter(|k| k.first() == Some(&b'r')) else {
+            continue;
+        };
+        last.insert(
+            (rdkafka::Message::partition(m), key.to_vec()),
+            rdkafka::Message::payload(m).and_then(|v| v.first().copied()),
+        );
+    }
+    let first = |b: u8| last.values().filter(|v| **v == Some(b)).count();
+    (first(0x80), first(1))
+}
+
+/// Sets `retention.ms` of `topic`.
+async fn set_retention(kafka: &Kafka, topic: &str, ms: u64) {
+    use rdkafka::admin::{AdminClient, AdminOptions, AlterConfig, ResourceSpecifier};
+    let admin: AdminClient<_> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka.brokers())
+        .create()
+        .unwrap();
+    let ms = ms.to_string();
+    let alter = AlterConfig::new(ResourceSpecifier::Topic(topic)).set("retention.ms", &ms);
+    for r in admin
+        .alter_configs([&alter], &AdminOptions::new())
+        .await
+        .unwrap()
+    {
+        r.expect("retention.ms set");
+    }
+}
+
+/// Deletes every record of `topic`'s `partitions`, as retention would.
+async fn delete_all_records(kafka: &Kafka, topic: &str, partitions: i32) {
+    use rdkafka::admin::{AdminClient, AdminOptions};
+    let admin: AdminClient<_> = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", kafka.brokers())
+        .create()
+        .unwrap();
+    let mut tpl = rdkafka::TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition_offset(topic, p, rdkafka::Offset::End)
+            .unwrap();
+    }
+    let done = admin
+        .delete_records(&tpl, &AdminOptions::new())
+        .await
+        .unwrap();
+    for e in done.elements() {
+        assert!(e.error().is_ok(), "{e:?}");
+    }
+}
+
+/// The changelog points at values its source topics keep (the entries hold no value), and a
+/// data directory wiped after `kill -9` restores them from the source records; a topic whose
+/// retention is cut below its records' due times gets their values copied to the changelog,
+/// so its records survive the source's deleting them too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_pointed_at_values_and_values_copied_when_retention_shrinks_survive_a_wiped_disk(
+) {
+    let kafka = Kafka::start();
+    let t = topics(&kafka, 2).await;
+    let short = t.delay_topic("short");
+    kafka.create_topic(&short, 2).await;
+    let (data, logs) = (TempDir::new().unwrap(), TempDir::new().unwrap());
+    let a = spawn_flags(&kafka, &t, (data.path(), logs.path()), "a", &[]);
+    wait_ready(a.port, Duration::from_secs(60)).await;
+    wait_for("4 partitions owned", logs.path(), async || {
+        let owned = gauge(&a, "kafka_delay_partitions_owned").await;
+        (owned != 4).then(|| format!("{owned} owned"))
+    })
+    .await;
+    // The watcher reads a newly owned topic's retention within a second.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    const N: u64 = 100;
+    let base = now_ms() + 75_000;
+    let due = |i: u64| base + i * 10;
+    produce_sized(&kafka, (&t.delay, &t.target), 0..N, (2, 300), due).await;
+    produce_sized(&kafka, (&short, &t.target), N..2 * N, (2, 300), due).await;
+    wait_pending_all(&[&a], 2 * N, logs.path()).await;
+    // Both topics keep their records for a week: every entry points at its value.
+    assert_eq!(changelog_forms(&kafka, &t, &t.delay).await, (N as usize, 0));
+    assert_eq!(changelog_forms(&kafka, &t, &short).await, (N as usize, 0));
+
+    // `short` now keeps records for 30 s, less than they wait: their values are copied.
+    set_retention(&kafka, &short, 30_000).await;
+    wait_for(
+        "values of the shortened topic copied",
+        logs.path(),
+        async || {
+            let forms = changelog_forms(&kafka, &t, &short).await;
+            (forms != (0, N as usize)).then(|| format!("(pointers, values) {forms:?}"))
+        },
+    )
+    .await;
+    assert_eq!(changelog_forms(&kafka, &t, &t.delay).await, (N as usize, 0));
+    // Retention deletes them from the source; past the auto-commit, consuming it again cannot
+    // bring them back either.
+    delete_all_records(&kafka, &short, 2).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+
+    drop(a);
+    std::fs::remove_dir_all(data.path()).unwrap();
+    std::fs::create_dir(data.path()).unwrap();
+    let a = spawn_flags(&kafka, &t, (data.path(), logs.path()), "a", &[]);
+    wait_ready(a.port, Duration::from_secs(60)).await;
+    let dues: Vec<u64> = (0..2 * N).map(due).collect();
+    let wait = Duration::from_millis(due(2 * N - 1).saturating_sub(now_ms()) + 20_000);
+    let got = read_all(&kafka, &t, 2, 2 * N, wait).await;
+    let result = tally(&got, &dues);
+    assert!(
+        result.all_once_never_early(),
+        "{result:?}\n{}",
+        logs_tail(logs.path())
+    );
 }

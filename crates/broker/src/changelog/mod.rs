@@ -17,6 +17,7 @@
 //! ([`standby::Standbys`]). What the admin API asks of the group is [`operate::Operators`]'s.
 
 pub mod adopt;
+mod bodies;
 pub mod handoff;
 pub mod moving;
 pub mod operate;
@@ -25,6 +26,7 @@ pub mod restore;
 pub mod standby;
 pub mod takeover;
 pub mod topics;
+pub mod values;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -35,6 +37,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use tracing::warn;
 
 use crate::config::Config;
+use crate::ingest::Last;
 use crate::kafka::{base_config, KafkaSetupError};
 use crate::kafka_clock::KafkaClock;
 use crate::store::{Applied, IngestOp, Store};
@@ -97,6 +100,8 @@ pub struct Changelog {
     group: String,
     /// Learns the cluster's clock from the acknowledgements' append times.
     kafka_clock: Arc<KafkaClock>,
+    /// Which records' values are copied, which pointed at.
+    values: Arc<values::Values>,
 }
 
 impl std::fmt::Debug for Changelog {
@@ -132,6 +137,7 @@ impl Changelog {
             producer,
             group: config.kafka.group_id.clone(),
             kafka_clock,
+            values: Arc::new(values::Values::new(config.cluster.changelog_copy)),
         })
     }
 
@@ -291,6 +297,11 @@ impl Changelog {
         &self.kafka_clock
     }
 
+    /// Which records' values are copied, which pointed at.
+    pub fn values(&self) -> &Arc<values::Values> {
+        &self.values
+    }
+
     /// The producer, for its first id request at start.
     pub fn producer(&self) -> &FutureProducer {
         &self.producer
@@ -338,21 +349,34 @@ impl Pending<'_> {
     }
 }
 
-/// What an ingest group changed, per source partition, as changelog entries: its records, then
-/// what they removed (replaced or cancelled).
-pub fn group_entries<'a>(ops: &'a [IngestOp], applied: &Applied) -> HashMap<Pid, Vec<Entry<'a>>> {
+/// What an ingest group changed, per source partition, as changelog entries: its records
+/// (pointers where their source topic keeps them: [`values`]), then what they removed
+/// (replaced or cancelled). `stamps` are the source records' timestamps, in the order of
+/// `ops`; `last` names each partition's topic.
+pub fn group_entries<'a>(
+    changelog: &Changelog,
+    (ops, stamps): (&'a [IngestOp], &[Option<u64>]),
+    applied: &Applied,
+    last: &Last<'_>,
+) -> HashMap<Pid, Vec<Entry<'a>>> {
     let mut by_pid: HashMap<Pid, Vec<Entry<'a>>> = HashMap::new();
-    for op in ops {
+    for (i, op) in ops.iter().enumerate() {
         if let IngestOp::Schedule {
             pid,
             offset,
             schedule,
         } = op
         {
-            by_pid
-                .entry(*pid)
-                .or_default()
-                .push(Entry::Record(*offset, schedule));
+            let entry = match last.get(pid) {
+                Some((topic, ..)) => changelog.values.entry(
+                    topic,
+                    *offset,
+                    schedule,
+                    stamps.get(i).copied().flatten(),
+                ),
+                None => Entry::Record(*offset, schedule),
+            };
+            by_pid.entry(*pid).or_default().push(entry);
         }
     }
     for rid in &applied.removed {

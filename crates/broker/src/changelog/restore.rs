@@ -14,6 +14,7 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::{debug, info, warn};
 
+use super::bodies::Bodies;
 use crate::config::Config;
 use crate::kafka::base_config;
 use crate::store::{Store, StoreError};
@@ -157,6 +158,7 @@ pub fn restore(
         by_topic.entry(part.topic.clone()).or_default().push(part);
     }
     let mut out = HashMap::new();
+    let mut bodies = Bodies::new(config, wait);
     for (topic, parts) in by_topic {
         let mut progress = Vec::with_capacity(parts.len());
         // Entries are read committed; each partition is read up to its log end, past any
@@ -168,11 +170,16 @@ pub fn restore(
         for part in parts {
             progress.push(start(store, &ends, part, wait)?);
         }
-        read_topic(store, &consumer, &mut progress, (remaining, wait))?;
+        read_topic(
+            (store, &mut bodies),
+            &consumer,
+            &mut progress,
+            (remaining, wait),
+        )?;
         // The checkpoint of a partition with nothing (left) to read, and what is buffered.
         for p in progress.iter_mut() {
             if !p.part.cancelled.load(Ordering::Relaxed) {
-                apply(store, p)?;
+                apply((store, &mut bodies), p)?;
             }
         }
         out.extend(
@@ -198,7 +205,7 @@ pub fn restore(
     Ok(out)
 }
 
-fn restore_consumer(
+pub(super) fn restore_consumer(
     config: &Config,
     topic: &str,
     isolation: &str,
@@ -261,7 +268,7 @@ fn start(
 /// Reads one changelog topic's partitions until each reached the end it had when the restore
 /// began (or was cancelled), applying entries a chunk at a time with the checkpoint they reach.
 fn read_topic(
-    store: &Store,
+    (store, bodies): (&Store, &mut Bodies<'_>),
     consumer: &BaseConsumer,
     progress: &mut [Progress],
     (remaining, wait): (Option<&IntGauge>, Duration),
@@ -310,7 +317,7 @@ fn read_topic(
                         .map_err(|source| kafka(&p.part, source))?;
                     if stable >= p.end {
                         p.next = p.next.max(p.end);
-                        apply(store, p)?;
+                        apply((store, bodies), p)?;
                     } else {
                         p.held(stable);
                     }
@@ -324,7 +331,7 @@ fn read_topic(
                 let p = &mut progress[i];
                 p.held_at = None;
                 if m.offset() >= p.next && !done(p) {
-                    take(store, p, &m)?;
+                    take((store, bodies), p, &m)?;
                 }
             }
         }
@@ -340,7 +347,7 @@ fn read_topic(
 
 /// Buffers the entry `m` of `p`, applying the buffer when it is a chunk or reaches the end.
 fn take(
-    store: &Store,
+    (store, bodies): (&Store, &mut Bodies<'_>),
     p: &mut Progress,
     m: &rdkafka::message::BorrowedMessage<'_>,
 ) -> Result<(), RestoreError> {
@@ -357,12 +364,14 @@ fn take(
     p.entries += 1;
     p.next = m.offset() + 1;
     if p.buffer.len() >= CHUNK || p.next >= p.end {
-        apply(store, p)?;
+        apply((store, bodies), p)?;
     }
     Ok(())
 }
 
-fn apply(store: &Store, p: &mut Progress) -> Result<(), RestoreError> {
+/// Applies the buffered entries, pointers resolved, with the checkpoint they reach.
+fn apply((store, bodies): (&Store, &mut Bodies<'_>), p: &mut Progress) -> Result<(), RestoreError> {
+    bodies.resolve(store, &p.part, &mut p.buffer)?;
     let at = Checkpoint {
         changelog_next: p.next,
         source_next: p.source_next,

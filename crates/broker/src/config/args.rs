@@ -165,6 +165,17 @@ pub struct ClusterArgs {
     #[arg(long, env = "KAFKA_DELAY_CHANGELOG_REPLICATION", default_value_t = -1,
           allow_negative_numbers = true)]
     pub changelog_replication: i32,
+    /// Copy every record's value into the changelog. Without it a record's changelog entry
+    /// points at its value in the source topic wherever the topic keeps it (cleanup.policy
+    /// delete, no retention.bytes) until --changelog-copy-margin after the record is due.
+    #[arg(long, env = "KAFKA_DELAY_CHANGELOG_COPY_VALUES")]
+    pub changelog_copy_values: bool,
+    /// How long after its due time a record's value must still be in its source topic for the
+    /// changelog to point at it rather than copy it: a partition restored this long after a
+    /// record came due still finds its value.
+    #[arg(long, env = "KAFKA_DELAY_CHANGELOG_COPY_MARGIN", default_value = "1d",
+          value_parser = duration)]
+    pub changelog_copy_margin: Duration,
     /// When a partition is revoked, how long its deliveries in flight may take to finish
     /// before it is let go anyway (those records may then fire again on the new owner).
     #[arg(long, env = "KAFKA_DELAY_HANDOFF_WAIT", default_value = "10s", value_parser = duration)]

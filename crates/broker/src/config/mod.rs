@@ -77,6 +77,8 @@ pub struct ClusterConfig {
     pub changelog: Changelog,
     /// Replication factor of created changelog topics (-1: the cluster's default).
     pub changelog_replication: i32,
+    /// Which values the changelog copies rather than points at in the source topic.
+    pub changelog_copy: ValueCopy,
     /// Longest wait for a revoked partition's deliveries in flight.
     pub handoff_wait: Duration,
     /// Warm copies of each partition kept by other instances.
@@ -100,6 +102,16 @@ pub enum Changelog {
     Embedded,
     /// Neither flag: on where the cluster can keep compacted topics, which the start asks it.
     Default,
+}
+
+/// Which records' values the changelog copies.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ValueCopy {
+    /// `--changelog-copy-values`: every record's.
+    All,
+    /// Those the source topic may not keep until this long after the record is due; the
+    /// others' entries point at the source record.
+    Unless(Duration),
 }
 
 /// Where Kafka is and how to join it.

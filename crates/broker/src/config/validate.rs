@@ -7,7 +7,7 @@ use super::args::{LogFormat, RunArgs};
 use super::parse::{human, millis};
 use super::{
     default_instance_id, Changelog, ClusterConfig, Config, ConfigError, FireConfig, HttpConfig,
-    KafkaConfig, Secret, StoreConfig, TopicsConfig, WheelConfig, DEFAULT_RETRY_TOPIC,
+    KafkaConfig, Secret, StoreConfig, TopicsConfig, ValueCopy, WheelConfig, DEFAULT_RETRY_TOPIC,
 };
 use kafka_delay_core::limit::Limits;
 use kafka_delay_core::record::{Contract, Reason};
@@ -273,6 +273,11 @@ impl RunArgs {
         Ok(ClusterConfig {
             changelog,
             changelog_replication: c.changelog_replication,
+            changelog_copy: if c.changelog_copy_values {
+                ValueCopy::All
+            } else {
+                ValueCopy::Unless(c.changelog_copy_margin)
+            },
             handoff_wait: c.handoff_wait,
             standby_replicas: c.standby_replicas,
             transactional_id: self.transactional_id(changelog)?,

@@ -38,7 +38,12 @@ impl Logged {
     /// again until it works; `false` when stopping first.
     async fn log_changes(&self, group: Stored<'_, '_>) -> bool {
         let g = &self.grouped;
-        let mut by_pid = group_entries(group.ops, group.applied);
+        let mut by_pid = group_entries(
+            g.changelog(),
+            (group.ops, group.stamps),
+            group.applied,
+            group.last,
+        );
         let mut writes = Vec::with_capacity(group.last.len());
         for (pid, &(topic, partition, offset)) in group.last.iter() {
             let mut entries = by_pid.remove(pid).unwrap_or_default();

@@ -351,11 +351,13 @@ impl Prepared {
             },
             Kind::Logged(g, movers) => {
                 let logged = Arc::new(Logged::new(g.clone()));
+                let mut tasks = movers.start(&cx, &config);
+                tasks.push(watch_values(&g, &store, &config, &cx));
                 Durability {
                     ingest: logged.clone(),
                     delivery: logged,
                     grouped: Some(g),
-                    tasks: movers.start(&cx, &config),
+                    tasks,
                 }
             }
             Kind::Exactly(g, movers, consumed, id) => {
@@ -364,6 +366,7 @@ impl Prepared {
                         .await?;
                 let mut tasks = vec![("transactions", task)];
                 tasks.extend(movers.start(&cx, &config));
+                tasks.push(watch_values(&g, &store, &config, &cx));
                 Durability {
                     ingest: exactly.clone(),
                     delivery: exactly,
@@ -381,6 +384,25 @@ impl Prepared {
 const LOCAL: &str = "local";
 const LOGGED: &str = "changelog";
 const EXACTLY: &str = "exactly-once";
+
+/// The task that reads the source topics' retention for the changelog's pointers.
+fn watch_values(
+    g: &grouped::Grouped,
+    store: &Arc<Store>,
+    config: &Arc<Config>,
+    cx: &Context,
+) -> (&'static str, JoinHandle<()>) {
+    let changelog = g.changelog();
+    (
+        "source retention",
+        tokio::spawn(changelog::values::watch(
+            changelog.values().clone(),
+            (store.clone(), changelog.clone()),
+            config.clone(),
+            cx.stop.clone(),
+        )),
+    )
+}
 
 /// Runs `f` on a blocking thread.
 async fn blocking<T: Send + 'static>(

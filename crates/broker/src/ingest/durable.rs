@@ -25,6 +25,8 @@ pub type Last<'m> = HashMap<Pid, (&'m str, i32, i64)>;
 pub struct Stored<'a, 'm> {
     /// The group's store operations, in offset order.
     pub ops: &'a [IngestOp],
+    /// The timestamp (epoch ms) of each operation's source record, in the same order.
+    pub stamps: &'a [Option<u64>],
     /// What RocksDB did with them.
     pub applied: &'a Applied,
     /// The last offset of each source partition; the mode leaves out partitions that are no

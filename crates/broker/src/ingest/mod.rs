@@ -80,6 +80,8 @@ where
 struct Interpreted<'m> {
     /// The store operations, in offset order.
     ops: Vec<IngestOp>,
+    /// The timestamp of each operation's source record.
+    stamps: Vec<Option<u64>>,
     /// The rejected records, for the dead-letter topic.
     dead: Vec<DeadLetter>,
     /// The last offset of each source partition in the group, by the partition's store id.
@@ -205,6 +207,7 @@ impl Ingest {
         let now = self.clock.now_ms();
         let Interpreted {
             ops,
+            stamps,
             dead,
             mut last,
         } = self.interpret(&group, now).await;
@@ -222,6 +225,7 @@ impl Ingest {
         crate::failpoint::hit("after-store-write");
         let stored = Stored {
             ops: &ops,
+            stamps: &stamps,
             applied: &applied,
             last: &mut last,
             dead: &dead,
@@ -269,6 +273,7 @@ impl Ingest {
     ) -> Interpreted<'m> {
         let mut out = Interpreted {
             ops: Vec::with_capacity(group.len()),
+            stamps: Vec::with_capacity(group.len()),
             dead: Vec::new(),
             last: HashMap::new(),
         };
@@ -300,12 +305,14 @@ impl Ingest {
             }
             ingested.push(topic);
             header_refs(m.headers(), &mut headers);
+            let timestamp_ms = m
+                .timestamp()
+                .to_millis()
+                .and_then(|t| u64::try_from(t).ok());
+            out.stamps.push(timestamp_ms);
             let incoming = Incoming {
                 topic,
-                timestamp_ms: m
-                    .timestamp()
-                    .to_millis()
-                    .and_then(|t| u64::try_from(t).ok()),
+                timestamp_ms,
                 key: m.key(),
                 value: m.payload(),
                 headers: &headers,

@@ -85,6 +85,15 @@ impl Store {
         }
     }
 
+    /// The source partitions that fire from this store (without a changelog: none is
+    /// tracked, and none is listed).
+    pub fn owned_pids(&self) -> Vec<Pid> {
+        match &self.lock_firing().owned {
+            Owned::All => Vec::new(),
+            Owned::Only(set) => set.iter().copied().collect(),
+        }
+    }
+
     /// Records of `pid` fire from this store from now on (its restore is complete).
     pub fn own(&self, pid: Pid) {
         let mut firing = self.lock_firing();
@@ -192,6 +201,12 @@ impl Store {
                 Restored::Record { offset, record } => {
                     let rid = self.record_id(pid, *offset)?;
                     self.restore_put(&mut r, rid, record)?;
+                }
+                Restored::Pointer { offset, .. } => {
+                    return Err(StoreError::Corrupt {
+                        what: "changelog entry",
+                        detail: format!("the pointer at source offset {offset} was not resolved"),
+                    });
                 }
                 Restored::Gone { offset } => {
                     let rid = self.record_id(pid, *offset)?;

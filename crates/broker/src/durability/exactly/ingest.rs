@@ -73,6 +73,7 @@ impl Exactly {
     pub(super) async fn commit_group(&self, group: Stored<'_, '_>) -> bool {
         let Stored {
             ops,
+            stamps,
             applied,
             last,
             dead,
@@ -92,8 +93,12 @@ impl Exactly {
             if last.is_empty() {
                 return false;
             }
-            let (work, changelog) =
-                self.group_work((ops, applied), last, (dead, dead_letters), &valueless);
+            let (work, changelog) = self.group_work(
+                (ops, stamps, applied),
+                last,
+                (dead, dead_letters),
+                &valueless,
+            );
             let refused = match self.transactions.commit(work).await {
                 Ok(written) => {
                     self.checkpoint(last, &changelog, &written);
@@ -150,13 +155,17 @@ impl Exactly {
     /// Also returns the partition of each changelog entry, in order.
     fn group_work(
         &self,
-        (ops, applied): (&[crate::store::IngestOp], &crate::store::Applied),
+        (ops, stamps, applied): (
+            &[crate::store::IngestOp],
+            &[Option<u64>],
+            &crate::store::Applied,
+        ),
         last: &Last<'_>,
         (dead, dead_letters): (&[DeadLetter], &DeadLetters),
         valueless: &HashSet<usize>,
     ) -> (Work, Vec<Pid>) {
         let changelog = self.grouped.changelog();
-        let mut by_pid = group_entries(ops, applied);
+        let mut by_pid = group_entries(changelog, (ops, stamps), applied, last);
         let mut work = Work::default();
         let mut partitions = Vec::new();
         for (pid, &(topic, partition, offset)) in last {
