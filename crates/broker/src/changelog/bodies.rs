@@ -23,6 +23,9 @@ pub(super) struct Bodies<'c> {
     config: &'c Config,
     consumer: Option<BaseConsumer>,
     wait: Duration,
+    /// The partition the consumer reads, and the offset after the last record it returned:
+    /// the next batch's offsets at or after it are read on without a seek.
+    at: Option<(String, i32, i64)>,
 }
 
 impl<'c> Bodies<'c> {
@@ -31,6 +34,7 @@ impl<'c> Bodies<'c> {
             config,
             consumer: None,
             wait,
+            at: None,
         }
     }
 
@@ -130,9 +134,14 @@ impl<'c> Bodies<'c> {
         let mut out = HashMap::with_capacity(wanted.len());
         let mut i = 0;
         while i < wanted.len() {
-            let mut tpl = TopicPartitionList::new();
-            tpl.add_partition_offset(topic, partition, Offset::Offset(wanted[i]))?;
-            consumer.assign(&tpl)?;
+            let reading_on = matches!(&self.at, Some((t, p, next))
+                if t == topic && *p == partition && (0..=GAP).contains(&(wanted[i] - next)));
+            if !reading_on {
+                let mut tpl = TopicPartitionList::new();
+                tpl.add_partition_offset(topic, partition, Offset::Offset(wanted[i]))?;
+                consumer.assign(&tpl)?;
+                self.at = Some((topic.to_owned(), partition, wanted[i]));
+            }
             let deadline = Instant::now() + self.wait;
             'read: loop {
                 match consumer.poll(Duration::from_millis(100)) {
@@ -143,9 +152,15 @@ impl<'c> Bodies<'c> {
                     }
                     None => {}
                     Some(Err(KafkaError::PartitionEOF(_))) => return Ok(out),
-                    Some(Err(e)) => return Err(e),
+                    Some(Err(e)) => {
+                        self.at = None;
+                        return Err(e);
+                    }
                     Some(Ok(m)) => {
                         let at = m.offset();
+                        if let Some((.., next)) = &mut self.at {
+                            *next = at + 1;
+                        }
                         while i < wanted.len() && wanted[i] < at {
                             i += 1; // not there (an aborted transaction's, or compacted)
                         }
