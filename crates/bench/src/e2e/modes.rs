@@ -30,7 +30,8 @@ pub struct ModesArgs {
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
     /// The modes to run, in this order in every round, comma-separated: `local`
-    /// (`--no-changelog`), `changelog` (the default on such a cluster), `exactly-once`.
+    /// (`--no-changelog`), `changelog` (the default on such a cluster), `changelog-copied`
+    /// (`--changelog-copy-values`), `exactly-once`.
     #[arg(long, default_value = "local,changelog,exactly-once")]
     pub modes: String,
     /// Where to write the results as JSON.
@@ -46,6 +47,9 @@ pub enum Mode {
     Local,
     /// `--changelog`: RocksDB and the compacted changelog topic.
     Changelog,
+    /// `--changelog --changelog-copy-values`: the changelog with every value copied into it
+    /// (no pointers to the source).
+    ChangelogCopied,
     /// `--exactly-once`: the changelog, and firing in Kafka transactions.
     ExactlyOnce,
 }
@@ -55,9 +59,10 @@ impl Mode {
         match name.trim() {
             "local" => Ok(Self::Local),
             "changelog" => Ok(Self::Changelog),
+            "changelog-copied" => Ok(Self::ChangelogCopied),
             "exactly-once" => Ok(Self::ExactlyOnce),
             other => Err(format!(
-                "--modes: unknown mode {other:?} (local, changelog, exactly-once)"
+                "--modes: unknown mode {other:?} (local, changelog, changelog-copied, exactly-once)"
             )
             .into()),
         }
@@ -67,6 +72,7 @@ impl Mode {
         match self {
             Self::Local => "local",
             Self::Changelog => "changelog",
+            Self::ChangelogCopied => "changelog-copied",
             Self::ExactlyOnce => "exactly-once",
         }
     }
@@ -77,6 +83,7 @@ impl Mode {
         match self {
             Self::Local => &["--no-changelog"],
             Self::Changelog => &["--changelog"],
+            Self::ChangelogCopied => &["--changelog", "--changelog-copy-values"],
             Self::ExactlyOnce => &["--exactly-once", "--instance-id", "bench"],
         }
     }

@@ -143,9 +143,11 @@ impl Takeover {
             let _turn = m.writer_turn();
             let replication = config.cluster.changelog_replication;
             let sources: HashSet<&str> = parts.iter().map(|p| p.topic.as_str()).collect();
-            for source in sources {
+            for source in &sources {
                 topics::ensure(config, source, &changelog.topic_of(source), replication)?;
             }
+            let sources = sources.into_iter().map(str::to_owned).collect();
+            super::values::learn_now(config, changelog.values(), &sources);
             let parts = parts
                 .into_iter()
                 .map(|p| Part {

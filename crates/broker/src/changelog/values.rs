@@ -22,7 +22,7 @@ use crate::config::{Config, ValueCopy};
 use crate::kafka::base_config;
 use crate::store::Store;
 use kafka_delay_core::changelog::{Entry, Retention};
-use kafka_delay_core::id::Pid;
+use kafka_delay_core::id::{Pid, RecordId};
 use kafka_delay_core::record::StoredRecord;
 
 /// Values shorter than this are copied: a pointer would save little and cost the restore a
@@ -193,7 +193,34 @@ impl Values {
     }
 }
 
-/// The retention of `topics`, as their effective configuration says.
+/// Reads the retention of those of `topics` not known yet, blocking: a restore calls it before
+/// the partitions it restores are consumed, so that their first records are pointed at too. A
+/// failure leaves them to [`watch`] (their values are copied meanwhile).
+pub fn learn_now(config: &Config, values: &Values, topics: &BTreeSet<String>) {
+    let unknown = values.unknown(topics);
+    if !values.points() || unknown.is_empty() {
+        return;
+    }
+    let read = base_config(config)
+        .create::<AdminClient<DefaultClientContext>>()
+        .map_err(|e| e.to_string())
+        .and_then(|admin| {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?
+                .block_on(describe(&admin, &unknown))
+        });
+    match read {
+        Ok(read) => {
+            values.learn(read);
+        }
+        Err(e) => debug!(error = %e, "cannot read the source topics' retention yet"),
+    }
+}
+
+/// The retention of `topics`, as their effective configuration says (a topic that cannot be
+/// described is left out: its values are copied).
 async fn describe(
     admin: &AdminClient<DefaultClientContext>,
     topics: &[&str],
@@ -207,7 +234,13 @@ async fn describe(
         .map_err(|e| e.to_string())?;
     let mut out = HashMap::new();
     for (topic, resource) in topics.iter().zip(described) {
-        let resource = resource.map_err(|e| format!("{topic}: {e}"))?;
+        let resource = match resource {
+            Ok(r) => r,
+            Err(e) => {
+                debug!(%topic, error = %e, "cannot read a source topic's retention");
+                continue;
+            }
+        };
         let value = |name: &str| resource.get(name).and_then(|e| e.value.clone());
         let number = |name: &str| value(name).and_then(|v| v.parse::<i64>().ok());
         let (Some(policy), Some(ms), Some(bytes)) = (
@@ -215,7 +248,8 @@ async fn describe(
             number("retention.ms"),
             number("retention.bytes"),
         ) else {
-            return Err(format!("{topic}: its retention settings are not described"));
+            debug!(%topic, "a source topic's retention settings are not described");
+            continue;
         };
         out.insert(
             (*topic).to_owned(),
@@ -234,20 +268,25 @@ async fn copy_values(store: &Arc<Store>, changelog: &Changelog, topic: &str) -> 
         .into_iter()
         .filter(|&pid| store.partition_of(pid).is_some_and(|(t, _)| t == topic))
         .collect();
-    let mut copied = 0usize;
+    let mut copied: Vec<(Pid, i32, Vec<RecordId>)> = Vec::new();
     for pid in pids {
         let Some((_, partition)) = store.partition_of(pid) else {
             continue;
         };
         let s = store.clone();
-        let ids: Vec<_> = tokio::task::spawn_blocking(move || s.due_of_partition(pid, u64::MAX))
-            .await
-            .map_err(|e| e.to_string())?
-            .map_err(|e| e.to_string())?
-            .into_iter()
-            .map(|(_, id)| id)
-            .collect();
+        let ids: Vec<RecordId> =
+            tokio::task::spawn_blocking(move || s.due_of_partition(pid, u64::MAX))
+                .await
+                .map_err(|e| e.to_string())?
+                .map_err(|e| e.to_string())?
+                .into_iter()
+                .map(|(_, id)| id)
+                .collect();
+        let mut written = Vec::with_capacity(ids.len());
         for chunk in ids.chunks(CHUNK) {
+            if !store.owns(pid) {
+                break; // revoked meanwhile: its new owner restored what the changelog holds
+            }
             let records = store.get(chunk).map_err(|e| e.to_string())?;
             let entries: Vec<Entry<'_>> = chunk
                 .iter()
@@ -258,12 +297,32 @@ async fn copy_values(store: &Arc<Store>, changelog: &Changelog, topic: &str) -> 
                 .write(topic, partition, &entries)
                 .await
                 .map_err(|e| e.to_string())?;
-            copied += entries.len();
+            written.extend(
+                chunk
+                    .iter()
+                    .zip(&records)
+                    .filter(|(_, r)| r.is_some())
+                    .map(|(id, _)| *id),
+            );
+        }
+        copied.push((pid, partition, written));
+    }
+    // A record firing meanwhile may have written its tombstone before its copy (with
+    // --exactly-once its transaction commits before the store forgets it): once such a firing
+    // is over, a record the store no longer holds gets its tombstone again.
+    tokio::time::sleep(SETTLE).await;
+    let mut records = 0;
+    for (pid, partition, written) in copied {
+        records += written.len();
+        for chunk in written.chunks(CHUNK) {
             let now = store.get(chunk).map_err(|e| e.to_string())?;
+            if !store.owns(pid) {
+                break; // what the store no longer holds may have left with the partition
+            }
             let gone: Vec<Entry<'_>> = chunk
                 .iter()
-                .zip(records.iter().zip(&now))
-                .filter(|(_, (was, is))| was.is_some() && is.is_none())
+                .zip(&now)
+                .filter(|(_, r)| r.is_none())
                 .map(|(id, _)| Entry::Gone(id.offset()))
                 .collect();
             if !gone.is_empty() {
@@ -274,7 +333,7 @@ async fn copy_values(store: &Arc<Store>, changelog: &Changelog, topic: &str) -> 
             }
         }
     }
-    info!(%topic, records = copied, "pending values copied to the changelog");
+    info!(%topic, records, "pending values copied to the changelog");
     Ok(())
 }
 
