@@ -6,7 +6,9 @@
 //! 2. **restore**: a second broker of the same group, on another empty data directory,
 //!    restores them from the changelog (the time from its start until the partition fires
 //!    there, and until all N are pending there);
-//! 3. **re-consume, changelog off**: a broker of a new group with `--no-changelog` ingests the
+//! 3. **the same two with every value copied** (`--changelog-copy-values`), in a group of its
+//!    own: the changelog's pointers against copies;
+//! 4. **re-consume, changelog off**: a broker of a new group with `--no-changelog` ingests the
 //!    same N from the source (what a restore would cost without a changelog).
 
 use std::path::PathBuf;
@@ -72,27 +74,32 @@ pub async fn run_restore(args: &RestoreArgs) -> Result<Vec<Phase>, BenchError> {
         .fill_topic_due(&source, args.records, args.value_bytes, Some(&target), "1h")
         .await?;
     let pattern = format!("^{}$", source.replace('.', "\\."));
-    let (group_a, group_b) = (format!("g-{}-a", kafka.run), format!("g-{}-b", kafka.run));
+    let (group_a, group_b, group_c) = (
+        format!("g-{}-a", kafka.run),
+        format!("g-{}-b", kafka.run),
+        format!("g-{}-c", kafka.run),
+    );
+    let on: &[&str] = &["--changelog"];
+    let copied: &[&str] = &["--changelog", "--changelog-copy-values"];
+    let off: &[&str] = &["--no-changelog"];
     let mut phases = Vec::new();
-    for (name, group, changelog) in [
-        ("ingest, changelog on", &group_a, "--changelog"),
-        ("restore from the changelog", &group_a, "--changelog"),
-        (
-            "re-consume the source, changelog off",
-            &group_b,
-            "--no-changelog",
-        ),
+    for (name, group, mode) in [
+        ("ingest, changelog on", &group_a, on),
+        ("restore from the changelog", &group_a, on),
+        ("ingest, values copied", &group_c, copied),
+        ("restore, values copied", &group_c, copied),
+        ("re-consume the source, changelog off", &group_b, off),
     ] {
         let data = tempfile::TempDir::new()?;
-        let flags = [
+        let mut flags = vec![
             "--source-pattern",
             &pattern,
             "--group-id",
             group,
-            changelog,
             "--changelog-replication",
             "1",
         ];
+        flags.extend(mode);
         phases.push(phase(name, &args.brokers, data.path(), &flags, args.records).await?);
     }
     println!(

@@ -26,6 +26,8 @@ pub(super) struct Bodies<'c> {
     /// The partition the consumer reads, and the offset after the last record it returned:
     /// the next batch's offsets at or after it are read on without a seek.
     at: Option<(String, i32, i64)>,
+    /// Each source partition's offsets as last asked: `(low, high)`.
+    marks: HashMap<(String, i32), (i64, i64)>,
 }
 
 impl<'c> Bodies<'c> {
@@ -35,6 +37,7 @@ impl<'c> Bodies<'c> {
             consumer: None,
             wait,
             at: None,
+            marks: HashMap::new(),
         }
     }
 
@@ -129,7 +132,18 @@ impl<'c> Bodies<'c> {
         let consumer = self.consumer.as_ref().expect("made above");
         wanted.sort_unstable();
         wanted.dedup();
-        let (low, high) = consumer.fetch_watermarks(topic, partition, self.wait)?;
+        // Asked once per partition, and again when an offset is past the end asked: the
+        // offsets before the start are gone, and none past the end can be pointed at.
+        let key = (topic.to_owned(), partition);
+        let last = wanted.last().copied().unwrap_or(-1);
+        let (low, high) = match self.marks.get(&key) {
+            Some(&(low, high)) if last < high => (low, high),
+            _ => {
+                let marks = consumer.fetch_watermarks(topic, partition, self.wait)?;
+                self.marks.insert(key, marks);
+                marks
+            }
+        };
         wanted.retain(|&o| o >= low && o < high);
         let mut out = HashMap::with_capacity(wanted.len());
         let mut i = 0;
