@@ -72,6 +72,9 @@ pub enum RestoreError {
     /// Writing RocksDB failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+    /// The thread writing the restored entries stopped (its error is the one returned).
+    #[error("the restore's writer stopped")]
+    WriterStopped,
     /// An entry could not be read.
     #[error("changelog {topic}/{partition} offset {offset}: {detail}")]
     Corrupt {
@@ -89,6 +92,8 @@ pub enum RestoreError {
 /// One partition being restored.
 struct Progress {
     part: Part,
+    /// Its place among the partitions read together.
+    index: usize,
     /// Next changelog offset to apply; the restore is done when it reaches `end`.
     next: i64,
     end: i64,
@@ -97,7 +102,8 @@ struct Progress {
     entries: u64,
     delta: i64,
     from_checkpoint: bool,
-    /// See [`Store::restore`]: `Some` when the restore began on an empty partition.
+    /// See [`Store::restore`]: `Some` when the restore began on an empty partition (the
+    /// writer keeps it up to date).
     absent_above: Option<i64>,
     /// The last stable offset the read stopped at, short of `end`, and since when.
     held_at: Option<(i64, Instant)>,
@@ -167,20 +173,18 @@ pub fn restore(
         // then be missed).
         let consumer = restore_consumer(config, &topic, "read_committed")?;
         let ends = restore_consumer(config, &topic, "read_uncommitted")?;
-        for part in parts {
-            progress.push(start(store, &ends, part, wait)?);
+        for (index, part) in parts.into_iter().enumerate() {
+            progress.push(start(store, &ends, (index, part), wait)?);
         }
-        read_topic(
-            (store, &mut bodies),
+        let deltas = read_and_write(
+            store,
+            &mut bodies,
             &consumer,
             &mut progress,
             (remaining, wait),
         )?;
-        // The checkpoint of a partition with nothing (left) to read, and what is buffered.
-        for p in progress.iter_mut() {
-            if !p.part.cancelled.load(Ordering::Relaxed) {
-                apply((store, &mut bodies), p)?;
-            }
+        for (p, delta) in progress.iter_mut().zip(deltas) {
+            p.delta = delta;
         }
         out.extend(
             progress
@@ -234,12 +238,78 @@ fn kafka(part: &Part, source: KafkaError) -> RestoreError {
     }
 }
 
+/// A batch of one partition's entries, pointers resolved, for the writer.
+struct Batch {
+    index: usize,
+    pid: Pid,
+    entries: Vec<Restored>,
+    at: Checkpoint,
+}
+
+/// The read side and the write side of a restore run on two threads: this one reads the
+/// changelog (and the values pointers name) and hands each batch to a thread that applies the
+/// batches to RocksDB in order, while the next is read. Returns what each partition gained.
+fn read_and_write(
+    store: &Store,
+    bodies: &mut Bodies<'_>,
+    consumer: &BaseConsumer,
+    progress: &mut [Progress],
+    (remaining, wait): (Option<&IntGauge>, Duration),
+) -> Result<Vec<i64>, RestoreError> {
+    let absent: Vec<Option<i64>> = progress.iter().map(|p| p.absent_above).collect();
+    std::thread::scope(|scope| {
+        let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(WRITES_AHEAD);
+        let writer = std::thread::Builder::new()
+            .name("restore-write".into())
+            .spawn_scoped(scope, move || write_all(store, &rx, absent))
+            .map_err(|e| {
+                RestoreError::Store(StoreError::Corrupt {
+                    what: "restore writer",
+                    detail: e.to_string(),
+                })
+            })?;
+        let read = (|| {
+            read_topic((store, bodies, &tx), consumer, progress, (remaining, wait))?;
+            // The checkpoint of a partition with nothing (left) to read, and what is buffered.
+            for p in progress.iter_mut() {
+                if !p.part.cancelled.load(Ordering::Relaxed) {
+                    apply((store, bodies, &tx), p)?;
+                }
+            }
+            Ok(())
+        })();
+        drop(tx);
+        let written = writer.join().unwrap_or(Err(RestoreError::WriterStopped));
+        match (read, written) {
+            (_, Err(e)) => Err(e),
+            (Err(e), Ok(_)) => Err(e),
+            (Ok(()), Ok(deltas)) => Ok(deltas),
+        }
+    })
+}
+
+/// Batches handed to the writer before the reader waits for it.
+const WRITES_AHEAD: usize = 2;
+
+/// The writer: applies each batch with its checkpoint, in the order read.
+fn write_all(
+    store: &Store,
+    batches: &std::sync::mpsc::Receiver<Batch>,
+    mut absent: Vec<Option<i64>>,
+) -> Result<Vec<i64>, RestoreError> {
+    let mut deltas = vec![0; absent.len()];
+    for b in batches {
+        deltas[b.index] += store.restore(b.pid, &b.entries, b.at, &mut absent[b.index])?;
+    }
+    Ok(deltas)
+}
+
 /// Where a partition's restore starts and ends. Local state without a checkpoint (or with one
 /// past the changelog's end: the changelog was recreated) cannot be trusted and is dropped.
 fn start(
     store: &Store,
     consumer: &BaseConsumer,
-    part: Part,
+    (index, part): (usize, Part),
     wait: Duration,
 ) -> Result<Progress, RestoreError> {
     let (low, end) = consumer
@@ -265,13 +335,14 @@ fn start(
         absent_above: usable.is_none().then_some(-1),
         held_at: None,
         part,
+        index,
     })
 }
 
 /// Reads one changelog topic's partitions until each reached the end it had when the restore
 /// began (or was cancelled), applying entries a chunk at a time with the checkpoint they reach.
 fn read_topic(
-    (store, bodies): (&Store, &mut Bodies<'_>),
+    (store, bodies, writer): (&Store, &mut Bodies<'_>, &Writer),
     consumer: &BaseConsumer,
     progress: &mut [Progress],
     (remaining, wait): (Option<&IntGauge>, Duration),
@@ -320,7 +391,7 @@ fn read_topic(
                         .map_err(|source| kafka(&p.part, source))?;
                     if stable >= p.end {
                         p.next = p.next.max(p.end);
-                        apply((store, bodies), p)?;
+                        apply((store, bodies, writer), p)?;
                     } else {
                         p.held(stable);
                     }
@@ -334,7 +405,7 @@ fn read_topic(
                 let p = &mut progress[i];
                 p.held_at = None;
                 if m.offset() >= p.next && !done(p) {
-                    take((store, bodies), p, &m)?;
+                    take((store, bodies, writer), p, &m)?;
                 }
             }
         }
@@ -350,7 +421,7 @@ fn read_topic(
 
 /// Buffers the entry `m` of `p`, applying the buffer when it is a chunk or reaches the end.
 fn take(
-    (store, bodies): (&Store, &mut Bodies<'_>),
+    (store, bodies, writer): (&Store, &mut Bodies<'_>, &Writer),
     p: &mut Progress,
     m: &rdkafka::message::BorrowedMessage<'_>,
 ) -> Result<(), RestoreError> {
@@ -367,19 +438,30 @@ fn take(
     p.entries += 1;
     p.next = m.offset() + 1;
     if p.buffer.len() >= CHUNK || p.next >= p.end {
-        apply((store, bodies), p)?;
+        apply((store, bodies, writer), p)?;
     }
     Ok(())
 }
 
-/// Applies the buffered entries, pointers resolved, with the checkpoint they reach.
-fn apply((store, bodies): (&Store, &mut Bodies<'_>), p: &mut Progress) -> Result<(), RestoreError> {
+/// Where batches go to be written.
+type Writer = std::sync::mpsc::SyncSender<Batch>;
+
+/// Hands the buffered entries, pointers resolved, to the writer with the checkpoint they reach.
+fn apply(
+    (store, bodies, writer): (&Store, &mut Bodies<'_>, &Writer),
+    p: &mut Progress,
+) -> Result<(), RestoreError> {
     bodies.resolve(store, &p.part, &mut p.buffer)?;
     let at = Checkpoint {
         changelog_next: p.next,
         source_next: p.source_next,
     };
-    p.delta += store.restore(p.part.pid, &p.buffer, at, &mut p.absent_above)?;
-    p.buffer.clear();
-    Ok(())
+    writer
+        .send(Batch {
+            index: p.index,
+            pid: p.part.pid,
+            entries: std::mem::take(&mut p.buffer),
+            at,
+        })
+        .map_err(|_| RestoreError::WriterStopped)
 }
