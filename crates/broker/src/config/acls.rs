@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 use clap::{Args, ValueEnum};
 use serde::Serialize;
 
-use crate::config::{Changelog, Config, RunArgs};
+use crate::config::{Changelog, Config, RunArgs, ValueCopy};
 
 /// Flags of `kafka-delay acls`: the flags `kafka-delay run` will be given, and how to print.
 #[derive(Debug, Args)]
@@ -176,7 +176,7 @@ fn from_regex(flag: &'static str, regex: &str) -> Result<(String, Pattern), AclE
 /// # Errors
 /// An [`AclError`] for a source pattern, route or target allow-list no ACL can state.
 pub fn acls(config: &Config) -> Result<Vec<Acl>, AclError> {
-    use Op::{Create, Describe, Read, Write};
+    use Op::{Create, Describe, DescribeConfigs, Read, Write};
     let group = config.kafka.group_id.clone();
     let source = from_regex("--source-pattern", config.contract.source_pattern.as_str())?;
     let mut out = vec![
@@ -192,12 +192,22 @@ pub fn acls(config: &Config) -> Result<Vec<Acl>, AclError> {
             &[Read, Describe],
             "the console's dead-letter pages read with this group (nothing committed)",
         ),
-        rule(
-            Kind::Topic,
-            source.clone(),
-            &[Read, Describe],
-            "the delay topics it consumes",
-        ),
+        if points_at_sources(config) {
+            rule(
+                Kind::Topic,
+                source.clone(),
+                &[Read, Describe, DescribeConfigs],
+                "the delay topics it consumes, and their retention (the changelog points at \
+                 the values they keep)",
+            )
+        } else {
+            rule(
+                Kind::Topic,
+                source.clone(),
+                &[Read, Describe],
+                "the delay topics it consumes",
+            )
+        },
         rule(
             Kind::Topic,
             (config.topics.dead_letter.clone(), Pattern::Literal),
@@ -231,6 +241,12 @@ pub fn acls(config: &Config) -> Result<Vec<Acl>, AclError> {
         ));
     }
     Ok(out)
+}
+
+/// Whether the changelog may point at values in the source topics, whose retention it then
+/// reads.
+fn points_at_sources(config: &Config) -> bool {
+    config.cluster.changelog != Changelog::Off && config.cluster.changelog_copy != ValueCopy::All
 }
 
 /// One rule.

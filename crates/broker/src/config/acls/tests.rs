@@ -58,11 +58,27 @@ fn routes_give_write_on_their_targets_only_and_exactly_once_its_transactional_id
     // The changelog's readers and the console find their groups' coordinators too.
     find(&rules, Kind::Group, "kafka-delay-restore");
     find(&rules, Kind::Group, "kafka-delay-console");
+    // With the changelog, the source topics' retention is read: it decides which values the
+    // changelog points at.
     let source = find(&rules, Kind::Topic, "delay.");
     assert_eq!(
         (source.pattern, &source.operations[..]),
-        (Pattern::Prefixed, &[Op::Read, Op::Describe][..])
+        (
+            Pattern::Prefixed,
+            &[Op::Read, Op::Describe, Op::DescribeConfigs][..]
+        )
     );
+    for flags in [
+        &["--no-changelog"][..],
+        &["--changelog", "--changelog-copy-values"],
+    ] {
+        let rules = acls(&config(flags)).unwrap();
+        assert_eq!(
+            find(&rules, Kind::Topic, "delay.").operations,
+            [Op::Read, Op::Describe],
+            "{flags:?}"
+        );
+    }
     for t in ["team-a.", "team-b."] {
         let r = find(&rules, Kind::Topic, t);
         assert_eq!(r.pattern, Pattern::Prefixed);
