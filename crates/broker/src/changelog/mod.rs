@@ -37,7 +37,6 @@ use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
 use tracing::warn;
 
 use crate::config::Config;
-use crate::ingest::Last;
 use crate::kafka::{base_config, KafkaSetupError};
 use crate::kafka_clock::KafkaClock;
 use crate::store::{Applied, IngestOp, Store};
@@ -352,12 +351,12 @@ impl Pending<'_> {
 /// What an ingest group changed, per source partition, as changelog entries: its records
 /// (pointers where their source topic keeps them: [`values`]), then what they removed
 /// (replaced or cancelled). `stamps` are the source records' timestamps, in the order of
-/// `ops`; `last` names each partition's topic.
-pub fn group_entries<'a>(
+/// `ops`; `topic_of` names each partition's topic.
+pub fn group_entries<'a, 't>(
     changelog: &Changelog,
     (ops, stamps): (&'a [IngestOp], &[Option<u64>]),
     applied: &Applied,
-    last: &Last<'_>,
+    topic_of: impl Fn(Pid) -> Option<&'t str>,
 ) -> HashMap<Pid, Vec<Entry<'a>>> {
     let mut by_pid: HashMap<Pid, Vec<Entry<'a>>> = HashMap::new();
     for (i, op) in ops.iter().enumerate() {
@@ -367,8 +366,8 @@ pub fn group_entries<'a>(
             schedule,
         } = op
         {
-            let entry = match last.get(pid) {
-                Some((topic, ..)) => changelog.values.entry(
+            let entry = match topic_of(*pid) {
+                Some(topic) => changelog.values.entry(
                     topic,
                     *offset,
                     schedule,

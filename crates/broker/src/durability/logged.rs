@@ -42,7 +42,7 @@ impl Logged {
             g.changelog(),
             (group.ops, group.stamps),
             group.applied,
-            group.last,
+            |pid| group.last.get(&pid).map(|&(topic, ..)| topic),
         );
         let mut writes = Vec::with_capacity(group.last.len());
         for (pid, &(topic, partition, offset)) in group.last.iter() {
