@@ -24,8 +24,8 @@
 #
 # All of it runs as three tracks side by side (TRACKS): exactly then quiet, unit then compat,
 # and broker then groups. The exactly-once suite judges timing on two cores, so it shares them
-# with two lanes at a time, never four; the quiet lane comes last, when the other tracks are
-# done: a rate judged over 5 s windows, and the secured cluster, whose three brokers stall for
+# with two lanes at a time, never four; the quiet lane comes last, and waits until the other
+# tracks are done (`wait_for_lanes`): a rate judged over 5 s windows, and the secured cluster, whose three brokers stall for
 # seconds on a loaded machine, need the cores to themselves. The Kafka suites take unique topic names and the
 # tests that stop or restart a Kafka broker start one of their own, so the lanes do not
 # disturb each other. Each log is printed when its track ends; the summary comes last. A lane
@@ -137,17 +137,30 @@ lane_compat() {
 # A track: lanes one after another in one slot, separated by `+`.
 TRACKS=(exactly+quiet unit+compat broker+groups)
 
+# Waits until every lane of LANES outside TRACK has its result in LOGS: the quiet lane's
+# timing needs the cores to itself.
+wait_for_lanes() {
+  local logs=$1 track=$2 lane
+  shift 2
+  for lane in "$@"; do
+    case "+$track+" in *"+$lane+"*) continue ;; esac
+    while [ ! -f "$logs/$lane.result" ]; do sleep 5; done
+  done
+}
+
 # Runs the named tracks in parallel (inside `scripts/kafka.sh run`), the lanes of a track one
 # after another; fails if any lane failed.
 run_tracks() {
-  local logs="${CARGO_TARGET_DIR:-target}/test-logs" track pid status=0
+  local logs="${CARGO_TARGET_DIR:-target}/test-logs" track pid status=0 all=()
   mkdir -p "$logs"
+  read -r -a all <<<"${*//+/ }"
+  for lane in "${all[@]}"; do rm -f "$logs/$lane.result"; done
   declare -A pids
   for track in "$@"; do
     (
       IFS=+ read -r -a lanes <<<"$track"
       for lane in "${lanes[@]}"; do
-        rm -f "$logs/$lane.result"
+        [ "$lane" != quiet ] || wait_for_lanes "$logs" "$track" "${all[@]}"
         local started rc=0
         started=$(date +%s)
         timeout --kill-after=30s "$LANE_LIMIT" bash "$0" --lane "$lane" >"$logs/$lane.log" 2>&1 || rc=$?
