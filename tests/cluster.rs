@@ -1204,7 +1204,7 @@ async fn apache_kafka_a_second_member_without_the_changelog_or_of_another_mode_i
 }
 
 /// Produces `r{i}:` padded to `bytes` for each `i` of `range` to `topic`, due at `due(i)`,
-/// spread over `partitions`, and waits for every acknowledgement.
+/// spread over `partitions`, each acknowledged before the next.
 async fn produce_sized(
     kafka: &Kafka,
     (topic, target): (&str, &str),
@@ -1213,30 +1213,19 @@ async fn produce_sized(
     due: impl Fn(u64) -> u64,
 ) {
     let p = kafka.producer();
-    let mut acks = Vec::new();
     for i in range {
         let mut value = format!("r{i}:");
         value.extend(std::iter::repeat_n('x', bytes.saturating_sub(value.len())));
         let at = due(i).to_string();
-        let headers = rdkafka::message::OwnedHeaders::new()
-            .insert(rdkafka::message::Header {
-                key: "delay-target",
-                value: Some(target),
-            })
-            .insert(rdkafka::message::Header {
-                key: "delay-until",
-                value: Some(at.as_str()),
-            });
-        let key = format!("k{i}");
-        let rec = FutureRecord::to(topic)
-            .partition((i % partitions) as i32)
-            .key(&key)
-            .payload(&value)
-            .headers(headers);
-        acks.push(p.send_result(rec).map_err(|(e, _)| e).expect("enqueued"));
-    }
-    for a in acks {
-        a.await.expect("delivery").expect("acknowledged");
+        common::produce_to(
+            &p,
+            topic,
+            Some((i % partitions) as i32),
+            Some(format!("k{i}").as_bytes()),
+            Some(value.as_bytes()),
+            &[("delay-target", target), ("delay-until", at.as_str())],
+        )
+        .await;
     }
 }
 

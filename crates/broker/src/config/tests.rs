@@ -265,6 +265,27 @@ fn the_changelog_is_the_default_on_a_cluster_and_its_flags_are_checked() {
     );
     assert_eq!(c.cluster.changelog_replication, -1);
     assert_eq!(c.cluster.handoff_wait, Duration::from_secs(10));
+    // Values the source topic keeps a day past their due time are pointed at, not copied.
+    assert_eq!(
+        c.cluster.changelog_copy,
+        ValueCopy::Unless(Duration::from_secs(86_400))
+    );
+    assert_eq!(
+        parse(&["--brokers", "k:9092", "--changelog-copy-values"])
+            .unwrap()
+            .cluster
+            .changelog_copy,
+        ValueCopy::All
+    );
+    assert_eq!(
+        parse(&["--brokers", "k:9092", "--changelog-copy-margin", "2h"])
+            .unwrap()
+            .cluster
+            .changelog_copy,
+        ValueCopy::Unless(Duration::from_secs(7_200))
+    );
+    let bad = parse(&["--brokers", "k:9092", "--changelog-copy-margin", "soon"]).unwrap_err();
+    assert!(bad.contains("--changelog-copy-margin"), "{bad}");
     let c = parse(&[
         "--brokers",
         "k:9092",
