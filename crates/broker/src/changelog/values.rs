@@ -118,6 +118,14 @@ impl Values {
         shorter
     }
 
+    /// Drops what is known of `topic`: its values are copied until it is read again.
+    fn forget(&self, topic: &str) {
+        self.known
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(topic);
+    }
+
     /// Whether values are ever pointed at.
     fn points(&self) -> bool {
         matches!(self.copy, ValueCopy::Unless(_))
@@ -180,16 +188,6 @@ pub async fn watch(
             _ = tokio::time::sleep(TICK) => {}
             _ = stop.changed() => return,
         }
-    }
-}
-
-impl Values {
-    /// Drops what is known of `topic`: its values are copied until it is read again.
-    fn forget(&self, topic: &str) {
-        self.known
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .remove(topic);
     }
 }
 
