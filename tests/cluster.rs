@@ -514,6 +514,82 @@ async fn apache_kafka_a_killed_instances_partitions_move_to_the_others_with_thei
     drop((b, c));
 }
 
+/// Changelog entries `i` has read in restores so far, once they stop growing (at most 60 s).
+async fn restored_settled(i: &Instance) -> u64 {
+    let mut last = gauge(i, "kafka_delay_restored_entries_total").await;
+    for _ in 0..120 {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = gauge(i, "kafka_delay_restored_entries_total").await;
+        if now == last && gauge(i, "kafka_delay_partitions_restoring").await == 0 {
+            break;
+        }
+        last = now;
+    }
+    last
+}
+
+/// Kills `a` (SIGKILL) and waits until `b` owns all `parts` and holds all `n`.
+async fn kill_until_b_holds(a: Instance, b: &Instance, (parts, n): (u64, u64), logs: &Path) {
+    drop(a);
+    wait_gauges(
+        &[b],
+        "kafka_delay_partitions_owned",
+        |o| o == [parts],
+        "all owned by b",
+        logs,
+    )
+    .await;
+    wait_pending_all(&[b], n, logs).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_partition_that_comes_back_within_a_minute_reads_only_its_changelogs_tail() {
+    let kafka = Kafka::start();
+    const PARTS: u64 = 4;
+    let t = topics(&kafka, PARTS as i32).await;
+    let logs = TempDir::new().unwrap();
+    let dirs: Vec<TempDir> = (0..2).map(|_| TempDir::new().unwrap()).collect();
+    let a = spawn(&kafka, &t, dirs[0].path(), logs.path(), "a");
+    let b = spawn(&kafka, &t, dirs[1].path(), logs.path(), "b");
+    wait_ready(a.port, Duration::from_secs(60)).await;
+    wait_ready(b.port, Duration::from_secs(60)).await;
+    wait_shared(&[&a, &b], PARTS, logs.path()).await;
+    const N: u64 = 4_000;
+    let base = now_ms() + 600_000;
+    produce_due(&kafka, &t, N, PARTS, |i| base + i).await;
+    wait_pending_all(&[&a, &b], N, logs.path()).await;
+
+    // a is killed: b restores its partitions, reading at least every record produced to them
+    // since b last held them (if it ever did).
+    let before = restored_settled(&b).await;
+    kill_until_b_holds(a, &b, (PARTS, N), logs.path()).await;
+    let first = restored_settled(&b).await - before;
+    // a comes back and the group hands it partitions; b keeps the state of those it lets go.
+    let a = spawn(&kafka, &t, dirs[0].path(), logs.path(), "a");
+    wait_ready(a.port, Duration::from_secs(60)).await;
+    wait_shared(&[&a, &b], PARTS, logs.path()).await;
+    wait_pending_all(&[&a, &b], N, logs.path()).await;
+    let kept = gauge(&b, "kafka_delay_standby_records").await;
+    // a is killed again within the minute: b takes back what it kept, reading only the tail.
+    let before = restored_settled(&b).await;
+    kill_until_b_holds(a, &b, (PARTS, N), logs.path()).await;
+    let second = restored_settled(&b).await - before;
+    eprintln!("b restored {first} entries at the first takeover, {second} at the second (kept {kept} records)");
+    assert!(
+        first >= N / 4 && kept > 0,
+        "the first takeover restores a's partitions in full ({first} entries), and b keeps \
+         the state of what it hands back ({kept} records)\n{}",
+        logs_tail(logs.path())
+    );
+    assert!(
+        second * 10 < first,
+        "a partition back within a minute reads its changelog's tail, not all of it: {second} \
+         entries against {first}\n{}",
+        logs_tail(logs.path())
+    );
+    drop(b);
+}
+
 /// `GET` of `path` on `i`, as JSON.
 async fn get_json(i: &Instance, path: &str) -> (u16, serde_json::Value) {
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], i.port));
@@ -528,7 +604,13 @@ async fn apache_kafka_a_standby_takes_over_from_its_warm_copy_and_any_instance_a
     let t = topics(&kafka, PARTS).await;
     let logs = TempDir::new().unwrap();
     let dirs: Vec<TempDir> = (0..2).map(|_| TempDir::new().unwrap()).collect();
-    let standby = ["--standby-replicas", "1"];
+    // Sessions of 45 s (Kafka's default): the takeover below cannot wait for a's to run out.
+    let standby = [
+        "--standby-replicas",
+        "1",
+        "--kafka-config",
+        "session.timeout.ms=45000",
+    ];
     let a = spawn_with(&kafka, &t, (dirs[0].path(), logs.path()), "a", &standby);
     let b = spawn_with(&kafka, &t, (dirs[1].path(), logs.path()), "b", &standby);
     wait_ready(a.port, Duration::from_secs(60)).await;
@@ -623,7 +705,8 @@ async fn apache_kafka_a_standby_takes_over_from_its_warm_copy_and_any_instance_a
     assert_eq!(cancelled["served_by"], format!("127.0.0.1:{}", a.port));
     let cancelled_i: u64 = value.trim_start_matches('r').parse().unwrap();
 
-    // a dies; b takes its partitions from its warm copies, reading only their tails.
+    // a dies; b finds its HTTP address refusing connections, removes it from the group and
+    // takes its partitions from its warm copies, reading only their tails.
     let held_a = pending(&a).await;
     let before = gauge(&b, "kafka_delay_restored_entries_total").await;
     drop(a);
@@ -638,12 +721,20 @@ async fn apache_kafka_a_standby_takes_over_from_its_warm_copy_and_any_instance_a
         logs.path(),
     )
     .await;
+    // b moved a's partitions by removing a, not a's session running out.
+    let owned = killed.elapsed();
+    let removed = gauge(&b, "kafka_delay_group_members_removed_total").await;
+    assert!(
+        removed == 1 && owned < Duration::from_secs(45),
+        "b removed {removed} members; owned everything {owned:?} after the kill\n{}",
+        logs_tail(logs.path())
+    );
     wait_pending_all(&[&b], N - 1, logs.path()).await;
     let takeover = killed.elapsed();
     let read = gauge(&b, "kafka_delay_restored_entries_total").await - before;
     eprintln!(
-        "a killed holding {held_a}; b owned everything {takeover:.1?} later, reading {read} \
-         changelog entries"
+        "a killed holding {held_a}; b removed it and owned everything {owned:.1?} later, all \
+         pending {takeover:.1?} later, reading {read} changelog entries"
     );
     // Without the copy, b would read every entry of a's partitions: at least one per record.
     assert!(

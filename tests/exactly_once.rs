@@ -3,7 +3,8 @@
 //! rebalance churn with three instances, a Kafka broker restart, and an instance paused past
 //! its session timeout and resumed (a zombie). Each scenario first runs at-least-once on the
 //! same broker, and must show the duplicates that exactly-once removes: a scenario that causes
-//! none would prove nothing.
+//! none would prove nothing. One more shows that a survivor fences the transaction a dead
+//! instance left open.
 
 mod common;
 
@@ -11,8 +12,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::apache::{self, Private};
-use common::group::{logs_tail, report, soak, spawn_with, stop_gracefully, verify, Instance};
-use common::procs::wait_ready;
+use common::group::{
+    logs_tail, report, soak, spawn_flags, spawn_with, stop_gracefully, verify, Instance,
+};
+use common::procs::{free_port, spawn_instance, wait_ready};
 use common::{Kafka, Topics};
 use serde_json::Value;
 use tempfile::TempDir;
@@ -96,7 +99,9 @@ impl Group {
     /// The verdict, and the end of every instance's log for a failure message.
     async fn judged(self, verify: std::process::Child) -> (Value, String) {
         let report = report(verify).await;
-        let tail = logs_tail(self.logs.path());
+        let counters = self.counters().await;
+        eprint!("{counters}");
+        let tail = format!("{counters}{}", logs_tail(self.logs.path()));
         // KAFKA_DELAY_TEST_KEEP_LOGS=DIR keeps every instance's whole log, for a diagnosis.
         if let Ok(keep) = std::env::var("KAFKA_DELAY_TEST_KEEP_LOGS") {
             let to = Path::new(&keep).join(format!("{}-{}", self.t.id, mode_name(self.mode)));
@@ -108,6 +113,52 @@ impl Group {
         drop(self.live);
         (report, tail)
     }
+}
+
+impl Group {
+    /// Each live instance's counters at the verdict, for a failure message (shown before the
+    /// logs): what it fired and still holds, and whether RocksDB held its writes back.
+    async fn counters(&self) -> String {
+        const SHOWN: [&str; 11] = [
+            "kafka_delay_ingest_records_total",
+            "kafka_delay_fire_records_total",
+            "kafka_delay_fire_produce_errors_total",
+            "kafka_delay_transactions_total",
+            "kafka_delay_pending_records",
+            "kafka_delay_pending_due_records",
+            "kafka_delay_standby_records",
+            "kafka_delay_partitions_owned",
+            "kafka_delay_partitions_restoring",
+            "kafka_delay_wheel_entries",
+            "kafka_delay_store_write_stopped",
+        ];
+        let mut out = String::new();
+        for (name, i) in NAMES.iter().zip(&self.live) {
+            let Some(i) = i else { continue };
+            let addr = std::net::SocketAddr::from(([127, 0, 0, 1], i.port));
+            let line = match common::http_get_at(addr, "/metrics").await {
+                Some((200, body)) => SHOWN
+                    .iter()
+                    .map(|m| format!("{}={}", &m["kafka_delay_".len()..], summed(&body, m)))
+                    .collect::<Vec<_>>()
+                    .join(" "),
+                _ => "no answer on /metrics".to_owned(),
+            };
+            out.push_str(&format!("--- {name} at the verdict: {line}\n"));
+        }
+        out
+    }
+}
+
+/// The sum of a metric's series (every label set).
+fn summed(body: &str, name: &str) -> f64 {
+    body.lines()
+        .filter(|l| {
+            l.strip_prefix(name)
+                .is_some_and(|r| r.starts_with([' ', '{']))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .sum()
 }
 
 fn mode_name(mode: &[&str]) -> &'static str {
@@ -200,7 +251,7 @@ async fn kafka_restart(mode: &'static [&'static str]) -> (Value, String) {
     let verify = g.verify(120_000, 60);
     tokio::time::sleep(Duration::from_secs(20)).await;
     broker.kill();
-    tokio::time::sleep(Duration::from_secs(35)).await;
+    tokio::time::sleep(kafka_down()).await;
     broker.restart();
     eprintln!("{}: Kafka restarted", mode_name(mode));
     let (report, tail) = g.judged(verify).await;
@@ -212,6 +263,14 @@ async fn kafka_restart(mode: &'static [&'static str]) -> (Value, String) {
         eprintln!("the broker's directory is kept in {}", to.display());
     }
     (report, tail)
+}
+
+/// How long the broker stays down: 35 s, or `KAFKA_DELAY_TEST_KAFKA_DOWN` seconds (75 is about
+/// what a slow machine's restart adds up to: past the kept partitions' minute, and long enough
+/// that the coordinator forgets both members).
+fn kafka_down() -> Duration {
+    let secs = std::env::var("KAFKA_DELAY_TEST_KAFKA_DOWN").ok();
+    Duration::from_secs(secs.and_then(|s| s.parse().ok()).unwrap_or(35))
 }
 
 /// Runs of the exactly-once half under `KAFKA_DELAY_SOAK=1`, each on a broker of its own: the
@@ -258,4 +317,98 @@ async fn apache_kafka_exactly_once_fences_an_instance_paused_past_its_session_ti
     let alo = zombie(AT_LEAST_ONCE).await;
     let eos = zombie(EXACTLY_ONCE).await;
     judge("an instance paused 25 s (SIGSTOP) and resumed", alo, eos);
+}
+
+/// Pending records in the partitions `port`'s instance owns, and how many it owns.
+async fn held(port: u16) -> (u64, u64) {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let (_, body) = common::http_get(addr, "/metrics").await;
+    let get = |name| common::metric(&body, name).unwrap_or(0.0) as u64;
+    let copies = get("kafka_delay_standby_records");
+    (
+        get("kafka_delay_pending_records").saturating_sub(copies),
+        get("kafka_delay_partitions_owned"),
+    )
+}
+
+/// Two instances with transactions that time out only after 60 s; one dies with a transaction
+/// open on its changelog partitions (the `before-commit` failpoint aborts it there). The other
+/// removes it from the group and takes its partitions, whose restore reads up to the last
+/// stable offset that transaction holds back: it restores them well within the minute
+/// because it fences the dead instance's transactional id, which aborts that transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_exactly_once_a_survivor_fences_the_open_transaction_of_an_instance_it_removes(
+) {
+    let _turn = ONE_AT_A_TIME.lock().await;
+    const PARTS: i32 = 4;
+    const N: u64 = 400;
+    let kafka = shared_kafka();
+    let t = Topics::new();
+    kafka.create_topic(&t.delay, PARTS).await;
+    kafka.create_target_topic(&t.target, PARTS).await;
+    kafka.create_topic(&t.dlt, 1).await;
+    let (logs, dirs) = (
+        TempDir::new().unwrap(),
+        [TempDir::new().unwrap(), TempDir::new().unwrap()],
+    );
+    let mut flags = vec![
+        "--changelog",
+        "--changelog-replication",
+        "1",
+        "--exactly-once",
+    ];
+    flags.extend(["--kafka-config", "transaction.timeout.ms=60000"]);
+    let b = spawn_flags(&kafka, &t, (dirs[1].path(), logs.path()), "b", &flags);
+    wait_ready(b.port, Duration::from_secs(90)).await;
+    let a_port = free_port();
+    let a_log = std::fs::File::create(logs.path().join("a.log")).unwrap();
+    let failpoint = [("KAFKA_DELAY_FAILPOINT", "before-commit")];
+    let (a_dir, a_logged) = ((dirs[0].path(), a_port), std::process::Stdio::from(a_log));
+    let mut a = spawn_instance(
+        &kafka.brokers(),
+        &t,
+        a_dir,
+        Some("a"),
+        &failpoint,
+        &flags,
+        a_logged,
+    );
+    // a's first transaction (its first ingest, or the probe of its first restore) aborts it.
+    let due = common::now_ms() + 600_000;
+    common::produce_numbered(
+        &kafka.producer(),
+        &t.delay,
+        &t.target,
+        (0..N).map(|i| (i, due)),
+    )
+    .await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(90);
+    while a.0.try_wait().unwrap().is_none() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "a never reached its failpoint\n{}",
+            logs_tail(logs.path())
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let died = std::time::Instant::now();
+    loop {
+        let (pending, owned) = held(b.port).await;
+        if owned == PARTS as u64 && pending == N {
+            break;
+        }
+        assert!(
+            died.elapsed() < Duration::from_secs(30),
+            "30 s after a died with a transaction open, b owns {owned} of {PARTS} partitions \
+             and holds {pending} of {N} records: the takeover waits for the transaction's \
+             60 s timeout\n{}",
+            logs_tail(logs.path())
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    eprintln!(
+        "b owned every partition and held all {N} records {:.1?} after a died",
+        died.elapsed()
+    );
+    drop(b);
 }

@@ -781,7 +781,23 @@ async fn least_privilege_routes_and_a_killed_leader(mode: Mode) {
         lone_late <= LONE_DEAD_WITHIN_MS,
         "the lone denied record ({mode:?}) dead-lettered {lone_late} ms after its due time"
     );
-    drop((a, b));
+
+    // a is killed: b finds its HTTP port refusing and removes it from the group, over SASL_SSL
+    // with only the ACLs `kafka-delay acls` printed. Counted only when the coordinator took
+    // the removal: once a's session runs out instead, the count stays at 0.
+    drop(a);
+    let b_http = std::net::SocketAddr::from(([127, 0, 0, 1], port_b));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let removed = loop {
+        let (_, body) = common::http_get(b_http, "/metrics").await;
+        let n = common::metric(&body, "kafka_delay_group_members_removed_total").unwrap_or(0.0);
+        if n >= 1.0 || Instant::now() > deadline {
+            break n;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(removed, 1.0, "b did not remove the killed a ({mode:?})");
+    drop(b);
 }
 
 /// The active controller's node id, as Kafka's own quorum tool reports it.

@@ -15,7 +15,7 @@
 //!   against re-consuming its source, and ingest with the changelog on and off.
 //! - `bench instances` (`instances.rs`): 1, 2 and 3 broker processes of one group.
 //! - `bench takeover` (`takeover.rs`): a killed instance's partitions taken over, without and
-//!   with a standby replica.
+//!   with a standby replica, the dead member removed or waited for.
 //! - `bench txn` (`txn.rs`): the writes of firing in Kafka transactions against at-least-once.
 //! - `bench store-cycle` (`cycle.rs`): the store alone per record on the broker's path.
 //! - `bench head-seek` (`head_seek.rs`): the head of the due index after millions of deletes.
@@ -91,7 +91,7 @@ pub enum BenchCommand {
     /// at once through the group.
     Instances(InstancesArgs),
     /// One of two broker processes killed with N pending: the takeover without and with a
-    /// standby replica (Apache Kafka).
+    /// standby replica, the dead member removed or its session running out (Apache Kafka).
     Takeover(TakeoverArgs),
     /// The writes of firing (target record and changelog tombstone) in Kafka transactions, by
     /// commit interval and size, against the idempotent producer (Apache Kafka).

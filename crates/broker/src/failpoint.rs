@@ -5,7 +5,9 @@
 //! flush) the first time it reaches that point:
 //! - `after-consume`: records consumed and interpreted, nothing stored;
 //! - `after-store-write`: the ingest batch is in RocksDB, its offsets not yet stored for commit;
-//! - `after-delivery`: delivery reports received, the records not yet deleted.
+//! - `after-delivery`: delivery reports received, the records not yet deleted;
+//! - `before-commit` (exactly-once): a transaction's records and offsets sent, not committed
+//!   (it stays open until fenced or timed out).
 //!
 //! `KAFKA_DELAY_TEST_CLOCK_FILE=<path>` steps the process's wall clock ([`wall_clock`]);
 //! `KAFKA_DELAY_TEST_NO_HOLD_BACK` takes out its hold-back to Kafka's clock ([`hold_back`]), the

@@ -7,7 +7,8 @@
 //! start, decides what else makes a record safe: nothing but RocksDB, the [`changelog`] (and
 //! partitions moving between instances), or Kafka transactions ([`txn`]). [`app`] wires them
 //! together; [`admin`] (with its web console) and [`metrics`] operate it over [`http`];
-//! [`replay`] and [`verify`] are the tools.
+//! [`replay`] and [`verify`] are the tools; [`wire`] speaks the Kafka requests librdkafka has
+//! no call for.
 //!
 //! The pure parts (the header contract, the wheel, retry policies, limits, clocks) live in
 //! `kafka-delay-core` and are used from there by their one path.
@@ -34,6 +35,7 @@ pub mod slice;
 pub mod store;
 pub mod txn;
 pub mod verify;
+pub mod wire;
 
 /// A boxed future, for the durability mode's parts that ingest, the publisher and the admin
 /// API call through trait objects.

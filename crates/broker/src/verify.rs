@@ -308,15 +308,13 @@ pub async fn run(args: &VerifyArgs) -> Result<Report, VerifyError> {
     produce(&producer, args, &tally, &dues).await?;
     let deadline = Instant::now()
         + Duration::from_millis(start + window + grace - now_ms().min(start + window + grace));
+    let mut errors = ConsumerErrors::default();
     while !tally.complete() {
         let left = deadline.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, consumer.recv()).await {
             Ok(Ok(m)) => tally.observe(m.payload(), Arrival::of(&m)),
             // Kafka restarting, say: the consumer reconnects by itself.
-            Ok(Err(e)) => {
-                tracing::warn!(error = %e, "consumer error; still reading");
-                tokio::time::sleep(Duration::from_millis(200)).await;
-            }
+            Ok(Err(e)) => errors.note(&e).await,
             Err(_) => break,
         }
     }
@@ -331,10 +329,35 @@ pub async fn run(args: &VerifyArgs) -> Result<Report, VerifyError> {
     {
         match m {
             Ok(m) => tally.observe(m.payload(), Arrival::of(&m)),
-            Err(_) => tokio::time::sleep(Duration::from_millis(200)).await,
+            Err(e) => errors.note(&e).await,
         }
     }
     Ok(tally.report())
+}
+
+/// The consumer's errors while Kafka is away, each taken off its queue at once: the records
+/// that follow them in the queue wait for nothing. (A pause per error made the errors of a
+/// long outage a backlog that the records arriving after it waited behind, past the deadline,
+/// and they counted as lost.) Logged at most once a second, with how many came since.
+#[derive(Default)]
+struct ConsumerErrors {
+    logged: Option<Instant>,
+    since: u64,
+}
+
+impl ConsumerErrors {
+    async fn note(&mut self, e: &KafkaError) {
+        self.since += 1;
+        if self
+            .logged
+            .is_none_or(|t| t.elapsed() >= Duration::from_secs(1))
+        {
+            tracing::warn!(error = %e, errors = self.since, "consumer error; still reading");
+            (self.logged, self.since) = (Some(Instant::now()), 0);
+        }
+        // A yield, not a wait; it still bounds the loop if errors came without end.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 fn fail(what: &'static str) -> impl FnOnce(KafkaError) -> VerifyError {

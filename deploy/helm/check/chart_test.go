@@ -233,6 +233,12 @@ func TestTheDefaultsRunThreeInstancesWithTheChangelogAndScrapedMetrics(t *testin
 	if *ss.Spec.Replicas != 3 || e["KAFKA_DELAY_CHANGELOG"].Value != "true" || e["KAFKA_DELAY_STANDBY_REPLICAS"].Value != "1" {
 		t.Errorf("replicas %d, changelog %q, standbys %q", *ss.Spec.Replicas, e["KAFKA_DELAY_CHANGELOG"].Value, e["KAFKA_DELAY_STANDBY_REPLICAS"].Value)
 	}
+	// Values pointed at where the delay topic keeps them, killed pods removed from the group.
+	_, copied := e["KAFKA_DELAY_CHANGELOG_COPY_VALUES"]
+	_, slow := e["KAFKA_DELAY_NO_FAST_TAKEOVER"]
+	if copied || slow || e["KAFKA_DELAY_CHANGELOG_COPY_MARGIN"].Value != "1d" {
+		t.Errorf("copy values %v, no fast takeover %v, copy margin %q", copied, slow, e["KAFKA_DELAY_CHANGELOG_COPY_MARGIN"].Value)
+	}
 	if r.pdb == nil || r.pdb.Spec.MaxUnavailable.IntValue() != 1 {
 		t.Errorf("PodDisruptionBudget: %+v", r.pdb)
 	}
@@ -286,6 +292,21 @@ func TestTheSecuredValuesReachThePodAsKafkaDelayReadsThem(t *testing.T) {
 	token := e["KAFKA_DELAY_ADMIN_TOKEN"].ValueFrom
 	if token == nil || token.SecretKeyRef.Name != r.secrets[0].Name {
 		t.Errorf("the admin token is not from the chart's Secret: %+v", token)
+	}
+}
+
+func TestTheChangelogsValueCopiesAndTakeoverReachThePod(t *testing.T) {
+	file := filepath.Join(chartDir, "values.yaml")
+	set := map[string]any{"changelog": map[string]any{"copyValues": true, "copyMargin": "2d", "fastTakeover": false}}
+	manifests, err := render(t, file, set)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := decode(t, file, objects(t, manifests))
+	e := env(r.statefulSet.Spec.Template.Spec.Containers[0])
+	if e["KAFKA_DELAY_CHANGELOG_COPY_VALUES"].Value != "true" || e["KAFKA_DELAY_NO_FAST_TAKEOVER"].Value != "true" || e["KAFKA_DELAY_CHANGELOG_COPY_MARGIN"].Value != "2d" {
+		t.Errorf("copy values %q, no fast takeover %q, copy margin %q", e["KAFKA_DELAY_CHANGELOG_COPY_VALUES"].Value,
+			e["KAFKA_DELAY_NO_FAST_TAKEOVER"].Value, e["KAFKA_DELAY_CHANGELOG_COPY_MARGIN"].Value)
 	}
 }
 

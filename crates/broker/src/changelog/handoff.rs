@@ -8,7 +8,8 @@
 //! **Revoked**, inside the rebalance callback, before librdkafka lets the partition go: the
 //! partition stops firing, its deliveries in flight finish (or are abandoned after
 //! `--handoff-wait`), every changelog write owed is acknowledged, and its local state is then
-//! dropped. A partition lost without a revoke (this instance was cut off) cannot do any of
+//! kept a while ([`super::kept`]: a partition that comes back reads only its changelog's tail)
+//! before it is dropped. A partition lost without a revoke (this instance was cut off) cannot do any of
 //! that: the records it had in flight may fire again on the new owner.
 
 use std::collections::HashSet;
@@ -31,7 +32,7 @@ use kafka_delay_core::id::Pid;
 pub(super) enum Event {
     /// Partitions assigned, to restore.
     Assigned(Vec<Part>),
-    /// Partitions revoked, to drop.
+    /// Partitions revoked, to keep for a while and then drop.
     Revoked(Vec<Pid>),
 }
 
@@ -44,7 +45,7 @@ pub struct Handoff {
     /// start read only the changelog's tail).
     stopping: AtomicBool,
     /// Whether any assignment has been seen: partitions in the local store that the first one
-    /// does not include are dropped.
+    /// does not include are handed to the restore task as revoked.
     first_seen: AtomicBool,
     /// Delete-after-delivery tombstones not yet handed to the changelog's producer.
     owed: AtomicUsize,
@@ -146,7 +147,8 @@ impl Handoff {
 
     /// In the rebalance callback, before librdkafka lets `tpl` go: stops firing its
     /// partitions, waits (at most the handoff wait) for their deliveries in flight and the
-    /// changelog writes they owe, then hands them to the restore task to be dropped.
+    /// changelog writes they owe, then hands them to the restore task (which keeps their state
+    /// for a while, then drops it).
     pub fn on_revoke(&self, tpl: &TopicPartitionList) {
         let m = &self.moving;
         let pids: Vec<Pid> = tpl

@@ -9,16 +9,21 @@
 //! Every change reaches RocksDB first and the changelog second: ingest stores a group, writes
 //! it to the changelog, waits for the acknowledgement, and only then stores the source offsets
 //! for commit and hands the records to the scheduler. A delete after delivery writes a
-//! //! tombstone. See [`restore`] for the way back.
+//! tombstone. See [`restore`] for the way back.
 //!
 //! Partitions changing owner go through three roles that share [`moving::Moving`] (what is
 //! being restored or caught up here): the rebalance callback ([`handoff::Handoff`]), the restore
 //! task ([`takeover::Takeover`]) and, with standby replicas, the standby pass
-//! ([`standby::Standbys`]). What the admin API asks of the group is [`operate::Operators`]'s.
+//! ([`standby::Standbys`]). A member found gone is removed from the group by
+//! [`departed::Departed`], so that its partitions move before its session runs out. What the
+//! admin API asks of the group is [`operate::Operators`]'s.
 
 pub mod adopt;
 mod bodies;
+pub mod departed;
 pub mod handoff;
+pub mod kept;
+pub mod leave;
 pub mod moving;
 pub mod operate;
 pub mod owners;

@@ -9,6 +9,7 @@ use rdkafka::client::{Client, ClientContext};
 use serde::Serialize;
 
 use super::GroupError;
+use crate::wire::Reader;
 
 /// The `client.id` prefix of an ingest consumer: its mode, `@` and its advertised HTTP address
 /// follow.
@@ -32,7 +33,7 @@ pub fn mode_of(client_id: &str) -> Option<&str> {
 }
 
 /// The advertised HTTP address a member's `client.id` carries.
-fn http_of(client_id: &str) -> Option<&str> {
+pub(super) fn http_of(client_id: &str) -> Option<&str> {
     match client_id.strip_prefix(CLIENT_ID_PREFIX) {
         Some(rest) => rest.split_once('@').map(|(_, http)| http),
         None => client_id.strip_prefix(LEGACY_CLIENT_ID_PREFIX),
@@ -75,6 +76,19 @@ pub struct Peer {
     pub client_id: String,
     /// The host the coordinator sees it connect from.
     pub host: String,
+}
+
+impl Peer {
+    /// What comes before the UUID of its member id: the coordinator names a member
+    /// `<prefix>-<UUID>`, the prefix being a static member's `group.instance.id` and a dynamic
+    /// one's `client.id`.
+    pub fn id_prefix(&self) -> Option<&str> {
+        let uuid_at = self.member_id.len().checked_sub(37)?;
+        let (prefix, dash_uuid) = self.member_id.split_at_checked(uuid_at)?;
+        let uuid = dash_uuid.strip_prefix('-')?;
+        let is_uuid = uuid.chars().all(|c| c.is_ascii_hexdigit() || c == '-');
+        (is_uuid && !prefix.is_empty()).then_some(prefix)
+    }
 }
 
 /// The members of `group`, as the coordinator names them. Blocking.
@@ -154,26 +168,6 @@ fn assignment(bytes: &[u8]) -> Result<Vec<(String, i32)>, GroupError> {
         }
     }
     Ok(out)
-}
-
-struct Reader<'a>(&'a [u8]);
-
-impl<'a> Reader<'a> {
-    fn take(&mut self, n: usize) -> Option<&'a [u8]> {
-        (self.0.len() >= n).then(|| {
-            let (head, rest) = self.0.split_at(n);
-            self.0 = rest;
-            head
-        })
-    }
-
-    fn i16(&mut self) -> Option<i16> {
-        Some(i16::from_be_bytes(self.take(2)?.try_into().ok()?))
-    }
-
-    fn i32(&mut self) -> Option<i32> {
-        Some(i32::from_be_bytes(self.take(4)?.try_into().ok()?))
-    }
 }
 
 #[cfg(test)]

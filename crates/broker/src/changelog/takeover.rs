@@ -1,5 +1,6 @@
 //! The restore task: assigned partitions restored from their changelog and made to fire here,
-//! revoked ones dropped, in the order the rebalance callback saw them.
+//! revoked ones kept for a while ([`super::kept`]) then dropped, in the order the rebalance
+//! callback saw them.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::Ordering;
@@ -11,6 +12,7 @@ use rdkafka::{Offset, TopicPartitionList};
 use tracing::{error, info, warn};
 
 use super::handoff::{Event, Events};
+use super::kept::Kept;
 use super::moving::{lock, Moving};
 use super::restore::{self, Outcome, Part};
 use super::{topics, GroupError};
@@ -50,6 +52,9 @@ pub struct Takeover {
     resumes: Arc<Resumes>,
     /// Run once a partition is restored, before it fires here.
     on_restored: Option<OnRestored>,
+    /// The source topics whose changelog has been checked, with the partitions it was
+    /// checked for.
+    ensured: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 impl Takeover {
@@ -66,11 +71,12 @@ impl Takeover {
             events,
             resumes,
             on_restored,
+            ensured: Arc::default(),
         }
     }
 
-    /// The restore task: restores what is assigned, drops what was revoked, in the order the
-    /// callback saw them.
+    /// The restore task: restores what is assigned, keeps what was revoked for a while, in the
+    /// order the callback saw them, and drops what stayed away too long.
     pub async fn run<C>(
         mut self,
         consumer: Arc<StreamConsumer<C>>,
@@ -80,15 +86,25 @@ impl Takeover {
     ) where
         C: ConsumerContext + 'static,
     {
+        let mut kept = Kept::default();
         loop {
+            let expiry = kept.next_expiry();
+            let stopped = async { stop.wait_for(|s| *s).await.is_ok() };
             let event = tokio::select! {
-                _ = stop.wait_for(|s| *s) => return, // lets go of the consumer, so it can close
+                _ = stopped => return, // lets go of the consumer, so it can close
+                () = until_expiry(expiry) => {
+                    self.drop_expired(&mut kept).await;
+                    continue;
+                }
                 e = self.events.0.recv() => e,
             };
             match event {
                 None => return,
-                Some(Event::Revoked(pids)) => self.drop_partitions(pids).await,
+                Some(Event::Revoked(pids)) => self.keep(&mut kept, pids).await,
                 Some(Event::Assigned(parts)) => {
+                    parts.iter().for_each(|p| kept.assigned(p.pid));
+                    kept.settled(Instant::now());
+                    self.show(&kept);
                     let until = clock.now_ms().saturating_add(horizon_ms);
                     self.take_over(parts, &consumer, &scheduler, until).await;
                 }
@@ -96,9 +112,43 @@ impl Takeover {
         }
     }
 
-    async fn drop_partitions(&self, pids: Vec<Pid>) {
+    /// Keeps the state of the revoked `pids` (those neither owned nor being restored here
+    /// again), counted as copies so that this instance's pending leaves them out.
+    async fn keep(&self, kept: &mut Kept, pids: Vec<Pid>) {
         let m = self.moving.clone();
-        let _ = tokio::task::spawn_blocking(move || m.drop_owned_elsewhere(pids)).await;
+        let counted = tokio::task::spawn_blocking(move || {
+            let away = |p: &Pid| !m.store.owns(*p) && !m.restoring().contains_key(p);
+            let away: Vec<Pid> = pids.into_iter().filter(away).collect();
+            away.into_iter()
+                .map(|p| (p, m.store.count_copy(p).unwrap_or(0)))
+                .collect::<Vec<_>>()
+        })
+        .await
+        .unwrap_or_default();
+        let now = Instant::now();
+        for (pid, records) in counted {
+            kept.revoked(pid, records, now);
+        }
+        self.show(kept);
+    }
+
+    /// Drops the state of the kept partitions whose time is up.
+    async fn drop_expired(&self, kept: &mut Kept) {
+        let gone = kept.expired(Instant::now());
+        let m = self.moving.clone();
+        let _ = tokio::task::spawn_blocking(move || m.drop_owned_elsewhere(gone)).await;
+        self.show(kept);
+    }
+
+    /// The kept partitions in the copies' gauges (standby copies, when there are any, are
+    /// counted by their pass instead).
+    fn show(&self, kept: &Kept) {
+        let m = &self.moving;
+        if m.config.cluster.standby_replicas == 0 {
+            let (partitions, records) = kept.totals();
+            m.metrics.broker.partitions_standby.set(partitions as i64);
+            m.metrics.broker.standby_records.set(records as i64);
+        }
     }
 
     /// Restores `parts` (trying again until it works or they are revoked), then makes each
@@ -137,14 +187,27 @@ impl Takeover {
     }
 
     async fn restore(&self, parts: Vec<Part>) -> Result<HashMap<Pid, Outcome>, GroupError> {
-        let m = self.moving.clone();
+        let (m, ensured) = (self.moving.clone(), self.ensured.clone());
         tokio::task::spawn_blocking(move || {
             let (store, config, changelog) = (&m.store, &m.config, &m.changelog);
             let _turn = m.writer_turn();
             let replication = config.cluster.changelog_replication;
             let sources: HashSet<&str> = parts.iter().map(|p| p.topic.as_str()).collect();
             for source in &sources {
-                topics::ensure(config, source, &changelog.topic_of(source), replication)?;
+                // A changelog checked once for a source's partitions is not checked again for
+                // them: each check is a new admin client and four requests, a good part of a
+                // takeover's time.
+                let highest = parts
+                    .iter()
+                    .filter(|p| p.topic == *source)
+                    .map(|p| p.partition);
+                let highest = highest.max().unwrap_or(0);
+                let known = lock(&ensured).get(*source).copied();
+                if known.is_none_or(|n| usize::try_from(highest).is_ok_and(|h| h >= n)) {
+                    let n =
+                        topics::ensure(config, source, &changelog.topic_of(source), replication)?;
+                    lock(&ensured).insert((*source).to_owned(), n);
+                }
             }
             let sources = sources.into_iter().map(str::to_owned).collect();
             super::values::learn_now(config, changelog.values(), &sources);
@@ -262,5 +325,13 @@ impl Takeover {
             _ if latest => Offset::End,
             _ => Offset::Beginning,
         }
+    }
+}
+
+/// Waits until `at`, or for ever when there is nothing to wait for.
+async fn until_expiry(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at.into()).await,
+        None => std::future::pending().await,
     }
 }

@@ -48,7 +48,8 @@ pub enum TopicError {
 
 /// Makes sure `changelog` can hold the state of every partition of `source`: creates it
 /// (compacted, as many partitions as the source, replication factor `replication`, -1 for the
-/// cluster's default) when it does not exist, and checks it otherwise. Blocking.
+/// cluster's default) when it does not exist, and checks it otherwise. Blocking. Returns the
+/// partitions of `source` it was checked for.
 ///
 /// # Errors
 /// A [`TopicError`] saying what is wrong and how to fix it.
@@ -57,7 +58,7 @@ pub fn ensure(
     source: &str,
     changelog: &str,
     replication: i32,
-) -> Result<(), TopicError> {
+) -> Result<usize, TopicError> {
     let kafka = |detail: String| TopicError::Kafka {
         topic: changelog.to_owned(),
         detail,
@@ -113,7 +114,7 @@ pub fn ensure(
     let mut policy = cleanup_policy(&runtime, &admin, &opts, changelog)?;
     for _ in 0..POLICY_ASKS {
         if policy == "compact" {
-            return Ok(());
+            return Ok(needs);
         }
         std::thread::sleep(Duration::from_millis(250));
         policy = cleanup_policy(&runtime, &admin, &opts, changelog)?;
@@ -124,7 +125,7 @@ pub fn ensure(
             policy,
         });
     }
-    Ok(())
+    Ok(needs)
 }
 
 /// How many more times a changelog topic that does not read as compacted is asked (every

@@ -185,6 +185,12 @@ pub struct ClusterArgs {
     /// with instances - 1 every instance is warm for every partition.
     #[arg(long, env = "KAFKA_DELAY_STANDBY_REPLICAS", default_value_t = 0)]
     pub standby_replicas: usize,
+    /// Wait for a killed instance's session to run out (`session.timeout.ms`) before its
+    /// partitions move. By default each instance removes from the group a member whose HTTP
+    /// server refuses connections on the host it connects to Kafka from (nothing listens there
+    /// any more), so the group rebalances at once (over PLAINTEXT, SSL, SASL PLAIN or SCRAM).
+    #[arg(long, env = "KAFKA_DELAY_NO_FAST_TAKEOVER")]
+    pub no_fast_takeover: bool,
     /// Fire each record exactly once for read_committed consumers of its target: what a due
     /// record writes (the target record, its changelog tombstone) and what ingest writes (the
     /// changelog entries, dead letters, the source offsets) commit in Kafka transactions, with

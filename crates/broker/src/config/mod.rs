@@ -83,6 +83,8 @@ pub struct ClusterConfig {
     pub handoff_wait: Duration,
     /// Warm copies of each partition kept by other instances.
     pub standby_replicas: usize,
+    /// Whether a member whose HTTP server refuses connections is removed from the group.
+    pub fast_takeover: bool,
     /// With exactly-once firing: the producer's `transactional.id`.
     pub transactional_id: Option<String>,
     /// Records after which a transaction is committed at once.

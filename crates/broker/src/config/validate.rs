@@ -280,6 +280,7 @@ impl RunArgs {
             },
             handoff_wait: c.handoff_wait,
             standby_replicas: c.standby_replicas,
+            fast_takeover: !c.no_fast_takeover,
             transactional_id: self.transactional_id(changelog)?,
             transaction_records: c.transaction_records,
             transaction_interval: c.transaction_interval,

@@ -32,6 +32,7 @@ use tokio::task::JoinHandle;
 use tracing::{info, warn};
 
 use crate::changelog::adopt::{self, AdoptError};
+use crate::changelog::departed::Departed;
 use crate::changelog::handoff::Handoff;
 use crate::changelog::moving::Moving;
 use crate::changelog::operate::Operators;
@@ -122,6 +123,7 @@ enum Kind {
 struct Movers {
     takeover: Takeover,
     standbys: Standbys,
+    departed: Departed,
 }
 
 /// What the running broker and its shutdown need of the chosen mode.
@@ -201,9 +203,11 @@ impl Prepared {
             let (handoff, events) = Handoff::new(moving.clone());
             let resumes = Arc::new(Resumes::default());
             let mode = if consumed.is_some() { EXACTLY } else { LOGGED };
+            let me = changelog::owners::client_id(mode, &advertised);
             let movers = Movers {
                 takeover: Takeover::new(moving.clone(), events, resumes.clone(), on_restored),
-                standbys: Standbys::new(moving, changelog::owners::client_id(mode, &advertised)),
+                standbys: Standbys::new(moving.clone(), me.clone()),
+                departed: Departed::new(moving, me),
             };
             let operators = Operators::new(
                 store.clone(),
@@ -277,9 +281,13 @@ impl Prepared {
     pub fn consumer_defaults(&self) -> &'static [(&'static str, &'static str)] {
         match self.kind {
             Kind::Local(_) => &[("partition.assignment.strategy", "range,roundrobin")],
-            Kind::Logged(..) => &[("partition.assignment.strategy", "cooperative-sticky")],
+            Kind::Logged(..) => &[
+                ("partition.assignment.strategy", "cooperative-sticky"),
+                HEARTBEAT,
+            ],
             Kind::Exactly(..) => &[
                 ("partition.assignment.strategy", "cooperative-sticky"),
+                HEARTBEAT,
                 ("enable.auto.commit", "false"),
             ],
         }
@@ -380,6 +388,10 @@ impl Prepared {
     }
 }
 
+/// With a changelog a member learns of a rebalance (a gone member removed, a partition to
+/// take over) at its next heartbeat: librdkafka's default is 3 s.
+const HEARTBEAT: (&str, &str) = ("heartbeat.interval.ms", "500");
+
 /// The modes' names.
 const LOCAL: &str = "local";
 const LOGGED: &str = "changelog";
@@ -418,7 +430,8 @@ async fn blocking<T: Send + 'static>(
 }
 
 impl Movers {
-    /// The tasks that restore assigned partitions and keep standby copies warm.
+    /// The tasks that restore assigned partitions, keep standby copies warm and remove gone
+    /// members from the group.
     fn start(self, cx: &Context, config: &Config) -> Vec<(&'static str, JoinHandle<()>)> {
         let horizon = millis(config.wheel.horizon);
         let restore = self.takeover.run(
@@ -430,6 +443,10 @@ impl Movers {
         vec![
             ("restore", tokio::spawn(restore)),
             ("standby", tokio::spawn(self.standbys.run(cx.stop.clone()))),
+            (
+                "departed members",
+                tokio::spawn(self.departed.run(cx.stop.clone())),
+            ),
         ]
     }
 }

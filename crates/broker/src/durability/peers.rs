@@ -49,7 +49,8 @@ pub(super) fn verdict(
     instance_id: Option<&str>,
     peers: &[Peer],
 ) -> Result<(), Refusal> {
-    let own = |p: &Peer| instance_id.is_some_and(|id| earlier_life(&p.member_id, id));
+    // A static member's id is its instance id, a dash and a UUID: this instance's earlier life.
+    let own = |p: &Peer| instance_id.is_some_and(|id| p.id_prefix() == Some(id));
     for p in peers.iter().filter(|p| !own(p)) {
         let theirs = owners::mode_of(&p.client_id);
         let why = match (mode, theirs) {
@@ -84,17 +85,6 @@ pub(super) fn verdict(
         }
     }
     Ok(())
-}
-
-/// Whether `member_id` is the member id the coordinator gives a static member of
-/// `group.instance.id` `id`: the id, a dash, and a UUID.
-fn earlier_life(member_id: &str, id: &str) -> bool {
-    member_id
-        .strip_prefix(id)
-        .and_then(|rest| rest.strip_prefix('-'))
-        .is_some_and(|uuid| {
-            uuid.len() == 36 && uuid.chars().all(|c| c.is_ascii_hexdigit() || c == '-')
-        })
 }
 
 /// Why the group check did not pass.

@@ -306,6 +306,8 @@ pub struct BrokerMetrics {
     pub standby_records: IntGauge,
     /// Changelog entries the copies were behind when they last caught up.
     pub standby_lag: IntGauge,
+    /// Members removed from the group by this instance because they were gone.
+    pub members_removed: IntCounter,
     /// Records still in flight when their partition was let go: they may fire again.
     pub handoff_unsettled: IntCounter,
     /// With exactly-once: transactions by outcome.
@@ -316,6 +318,10 @@ pub struct BrokerMetrics {
     /// back to Kafka's clock meanwhile).
     pub clock_ahead: Gauge,
 }
+
+/// `kafka_delay_group_members_removed_total`'s help.
+const REMOVED: &str = "Members this instance removed from the group because their HTTP server \
+                       refused connections (a killed instance).";
 
 impl BrokerMetrics {
     pub(super) fn new(r: &Registrar<'_>) -> prometheus::Result<Self> {
@@ -354,6 +360,7 @@ impl BrokerMetrics {
                 "kafka_delay_restore_remaining_entries",
                 "Changelog entries the restores of assigned partitions have still to read.",
             )?,
+            members_removed: r.counter("kafka_delay_group_members_removed_total", REMOVED)?,
             partitions_standby: r.gauge(
                 "kafka_delay_partitions_standby",
                 "Partitions owned by another instance that this one keeps a warm copy of.",

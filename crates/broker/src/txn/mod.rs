@@ -62,9 +62,12 @@ pub enum TxnError {
             .0.first().map_or_else(String::new, |r| r.1.to_string()))]
     Rejected(Vec<(usize, KafkaError)>),
     /// The consumer's generation is over, or a partition of the work is no longer owned
-    /// here: its partitions belong to another member now.
-    #[error("the consumer group moved on (this member's partitions were reassigned): {0}")]
-    Stale(String),
+    /// here: its partitions belong to another member now. `forgotten`: the coordinator no
+    /// longer knows this member at all (its session ended while the coordinator was away, it
+    /// was removed, or a newer member took its instance id), which no retry mends: only a
+    /// rejoin, through the rebalance callback.
+    #[error("the consumer group moved on (this member's partitions were reassigned): {text}")]
+    Stale { text: String, forgotten: bool },
     /// A newer producer with the same `transactional.id` took over (or this process was
     /// paused past its transaction timeout): nothing more commits until the producer is
     /// renewed ([`Setup::renew`]).
@@ -86,7 +89,7 @@ impl TxnError {
         match self {
             TxnError::Aborted(_) => "aborted",
             TxnError::Rejected(_) => "rejected",
-            TxnError::Stale(_) => "stale",
+            TxnError::Stale { .. } => "stale",
             TxnError::Fenced(_) => "fenced",
         }
     }
@@ -282,12 +285,18 @@ pub(crate) fn classify(e: KafkaError) -> TxnError {
             | RDKafkaErrorCode::InvalidProducerEpoch
             | RDKafkaErrorCode::Fenced,
         ) => TxnError::Fenced(text),
-        Some(
-            RDKafkaErrorCode::IllegalGeneration
-            | RDKafkaErrorCode::UnknownMemberId
-            | RDKafkaErrorCode::FencedInstanceId
-            | RDKafkaErrorCode::RebalanceInProgress,
-        ) => TxnError::Stale(text),
+        Some(RDKafkaErrorCode::IllegalGeneration | RDKafkaErrorCode::RebalanceInProgress) => {
+            TxnError::Stale {
+                text,
+                forgotten: false,
+            }
+        }
+        Some(RDKafkaErrorCode::UnknownMemberId | RDKafkaErrorCode::FencedInstanceId) => {
+            TxnError::Stale {
+                text,
+                forgotten: true,
+            }
+        }
         _ => TxnError::Aborted(text),
     }
 }
@@ -356,8 +365,23 @@ mod tests {
         let code = |c| KafkaError::MessageProduction(c);
         assert!(matches!(
             classify(code(RDKafkaErrorCode::IllegalGeneration)),
-            TxnError::Stale(_)
+            TxnError::Stale {
+                forgotten: false,
+                ..
+            }
         ));
+        for gone in [
+            RDKafkaErrorCode::UnknownMemberId,
+            RDKafkaErrorCode::FencedInstanceId,
+        ] {
+            assert!(matches!(
+                classify(code(gone)),
+                TxnError::Stale {
+                    forgotten: true,
+                    ..
+                }
+            ));
+        }
         assert!(matches!(
             classify(code(RDKafkaErrorCode::ProducerFenced)),
             TxnError::Fenced(_)

@@ -303,10 +303,12 @@ fn answers(
                         .collect(),
                 )),
                 Failure::NotOwned(piece) if *piece == i && abort_failed.is_none() => {
-                    Err(TxnError::Stale(
-                        "a partition of this work was revoked before its transaction committed"
+                    Err(TxnError::Stale {
+                        text: "a partition of this work was revoked before its transaction \
+                               committed"
                             .into(),
-                    ))
+                        forgotten: false,
+                    })
                 }
                 _ => Err(whole.clone()),
             }
@@ -387,6 +389,7 @@ fn write(
     if !phase.may_commit() {
         return Err(Failure::Whole(TxnError::Fenced(HUNG.into())));
     }
+    crate::failpoint::hit("before-commit");
     producer.commit_transaction(cut.timeout).map_err(whole)?;
     Ok(written)
 }
@@ -455,9 +458,10 @@ fn member(setup: &Setup, offsets: &Offsets) -> Result<Option<ConsumerGroupMetada
         return Ok(None);
     }
     let metadata = (setup.group)().ok_or_else(|| {
-        Failure::Whole(TxnError::Stale(
-            "the consumer has no group metadata (not a member now)".into(),
-        ))
+        Failure::Whole(TxnError::Stale {
+            text: "the consumer has no group metadata (not a member now)".into(),
+            forgotten: false,
+        })
     })?;
     Ok(Some(metadata))
 }
@@ -524,7 +528,11 @@ mod tests {
         assert_eq!(got[1], Err(TxnError::Rejected(vec![(1, refused)])));
         assert!(matches!(got[2], Err(TxnError::Aborted(_))), "{:?}", got[2]);
         let got = answers(&batch, Failure::NotOwned(2), None);
-        assert!(matches!(got[2], Err(TxnError::Stale(_))), "{:?}", got[2]);
+        assert!(
+            matches!(got[2], Err(TxnError::Stale { .. })),
+            "{:?}",
+            got[2]
+        );
         assert!(matches!(got[0], Err(TxnError::Aborted(_))), "{:?}", got[0]);
         // An abort that fails fences every piece (the producer is renewed).
         for abort in [

@@ -66,6 +66,12 @@ impl Durable for Exactly {
 /// polling the consumer runs, and ingest does not poll while a group waits to commit.
 const STALE_FOR: Duration = Duration::from_secs(30);
 
+/// The same, once the coordinator has said it does not know this member
+/// ([`TxnError::Stale`]'s `forgotten`): a few seconds, in case librdkafka's own rejoin mends
+/// it, not the half minute that a Kafka back from a long outage would add to every record's
+/// lateness.
+const FORGOTTEN_FOR: Duration = Duration::from_secs(5);
+
 impl Exactly {
     /// Commits what a group changed in one transaction, tried again until it commits; then
     /// checkpoints each partition. Partitions revoked meanwhile are left out (their new
@@ -133,13 +139,14 @@ impl Exactly {
                 Err(e) => e,
             };
             error!(error = %refused, "cannot commit an ingested group; consumption paused, retrying");
-            if let TxnError::Stale(_) = refused {
+            if let TxnError::Stale { forgotten, .. } = refused {
                 let since = *stale_since.get_or_insert_with(Instant::now);
-                if since.elapsed() >= STALE_FOR {
-                    error!(secs = STALE_FOR.as_secs(), "this member's consumer group moved on and it cannot rejoin while ingest waits on a commit; starting the instance again");
+                let limit = if forgotten { FORGOTTEN_FOR } else { STALE_FOR };
+                if since.elapsed() >= limit {
+                    error!(secs = since.elapsed().as_secs(), forgotten, "this member's consumer group moved on and it cannot rejoin while ingest waits on a commit; starting the instance again");
                     *self.broken.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!(
                         "the consumer group moved on for {} s: {refused}",
-                        STALE_FOR.as_secs()
+                        since.elapsed().as_secs()
                     ));
                     return false;
                 }
