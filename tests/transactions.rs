@@ -30,6 +30,7 @@ const CUT: Cut = Cut {
     interval: Duration::from_millis(20),
     max_records: 1_000,
     timeout: Duration::from_secs(30),
+    commit_wait: Duration::from_secs(30),
     // librdkafka's default transaction timeout, the producers' here.
     stuck: Cut::stuck_after(Duration::from_secs(60)),
 };
@@ -282,6 +283,45 @@ async fn apache_kafka_a_transaction_hung_before_its_commit_is_given_up_and_its_w
     assert_eq!(committed(&consumer, &source), Some(1));
     polling.store(false, Ordering::SeqCst);
     poller.join().unwrap();
+}
+
+/// A commit that outlives its call (librdkafka goes on with it in the background: a
+/// coordinator slow to answer, a connection cut while the answer was on its way) is waited
+/// for, never aborted: the abort would be refused while the commit goes on, the producer
+/// renewed and the work answered as failed, so a caller sending it again (as firing does)
+/// would deliver every record of a transaction that did commit twice. Here every call waits
+/// 1 ms, less than any commit takes, and each value must be read once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_commit_that_outlives_its_call_is_waited_for_and_commits_once() {
+    let kafka = Kafka::start();
+    let target = unique("txn-slow-commit");
+    kafka.create_topic(&target, 1).await;
+    let id = unique("txn");
+    let cut = Cut {
+        commit_wait: Duration::from_millis(1),
+        ..CUT
+    };
+    let setup = Setup {
+        renew: Some(renewer(&kafka, &id)),
+        ..Setup::new(Arc::new(|| None), cut)
+    };
+    let (txn, _task) = Transactions::start(transactional(&kafka, &id), setup).unwrap();
+    let sent: Vec<String> = (0..20).map(|i| format!("v{i}")).collect();
+    let mut failed = Vec::new();
+    for value in &sent {
+        if let Err(e) = txn.submit(vec![out(&target, value)], Vec::new()).await {
+            // Work answered as failed goes again, as firing sends it again.
+            failed.push(format!("{value}: {e}"));
+            let again = txn.submit(vec![out(&target, value)], Vec::new()).await;
+            failed.push(format!("{value} again: {again:?}"));
+        }
+    }
+    assert_eq!(
+        values(&kafka, &target).await,
+        sent,
+        "each value once; answered as failed: {failed:?}"
+    );
+    assert_eq!(failed, Vec::<String>::new());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -93,6 +93,7 @@ pub async fn run_txn(args: &TxnArgs) -> Result<Vec<TxnRun>, BenchError> {
                 interval: Duration::from_millis(interval),
                 max_records,
                 timeout: Duration::from_secs(30),
+                commit_wait: Duration::from_secs(30),
                 stuck: Cut::stuck_after(Duration::from_secs(60)),
             };
             let t = transactions(args, &args.brokers, &member, &source, topics, cut).await?;

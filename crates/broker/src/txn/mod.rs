@@ -102,8 +102,11 @@ pub struct Cut {
     pub interval: Duration,
     /// Records after which a transaction is cut at once.
     pub max_records: usize,
-    /// Longest a commit, abort or offset send may block.
+    /// Longest an abort, an offset send or a producer's initialization may block.
     pub timeout: Duration,
+    /// Longest one call waiting for a commit blocks. A commit still going on after it is
+    /// waited for by calling again: once sent, a commit is never given up.
+    pub commit_wait: Duration,
     /// Longest a transaction may run before its commit is sent: past it the loop gives the
     /// transaction up and renews its producer (which fences it), and its work goes again.
     /// Twice the producer's `transaction.timeout.ms` ([`Cut::stuck_after`]): by then its

@@ -390,8 +390,35 @@ fn write(
         return Err(Failure::Whole(TxnError::Fenced(HUNG.into())));
     }
     crate::failpoint::hit("before-commit");
-    producer.commit_transaction(cut.timeout).map_err(whole)?;
+    commit(producer, cut.commit_wait).map_err(whole)?;
     Ok(written)
+}
+
+/// Pause between two calls waiting for the same commit.
+const COMMIT_AGAIN: Duration = Duration::from_millis(10);
+
+/// Commits the transaction, waiting for it as long as librdkafka says it goes on. A commit
+/// that did not return within `timeout` goes on in the background (a retriable error) and may
+/// still commit: it is waited for by calling again, never aborted. An abort would fail then
+/// (librdkafka refuses it while the commit is in progress), the producer would be renewed and
+/// the work would go again, each of its records twice where the commit went through.
+fn commit(producer: &TxnProducer, timeout: Duration) -> Result<(), KafkaError> {
+    let started = Instant::now();
+    loop {
+        match producer.commit_transaction(timeout) {
+            // The flush rust-rdkafka does first timed out (every record is acknowledged by
+            // now: what is left is librdkafka's own queue), or the commit itself did.
+            Err(e @ KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)) => waiting(&e, started),
+            Err(KafkaError::Transaction(e)) if e.is_retriable() => waiting(&e, started),
+            other => return other,
+        }
+        std::thread::sleep(COMMIT_AGAIN);
+    }
+}
+
+fn waiting(e: &dyn std::fmt::Display, started: Instant) {
+    warn!(error = %e, secs = started.elapsed().as_secs(),
+          "a transaction's commit has not returned yet; waiting for it (it may have committed)");
 }
 
 /// The offset of each record of the transaction once all are acknowledged, or the failure

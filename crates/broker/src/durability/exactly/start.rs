@@ -16,7 +16,7 @@ use crate::metrics::Metrics;
 use crate::store::Store;
 use crate::txn::{Cut, Setup, Transactions};
 
-/// Longest a commit, abort or offset send may block.
+/// Longest a commit call, an abort or an offset send may block.
 const TRANSACTION_CALL_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// The transaction timeout `config` gives its producer (librdkafka's default when unset).
@@ -68,6 +68,7 @@ pub(in crate::durability) async fn start(
             interval: config.cluster.transaction_interval,
             max_records: config.cluster.transaction_records,
             timeout: TRANSACTION_CALL_TIMEOUT,
+            commit_wait: TRANSACTION_CALL_TIMEOUT,
             stuck: Cut::stuck_after(transaction_timeout(&producer_config)),
         },
         owned: Some(owned),
