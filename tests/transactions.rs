@@ -324,6 +324,49 @@ async fn apache_kafka_a_commit_that_outlives_its_call_is_waited_for_and_commits_
     assert_eq!(failed, Vec::<String>::new());
 }
 
+/// A commit that happened though its call failed (its answer lost; here the test seam
+/// `Setup::lose_answers` reports the first successful commit as failed, with an error that
+/// does not say whether it committed) is read from the log before its work is answered: the
+/// work is done and not sent again. Without the lookup it is answered as failed, and sent
+/// again (as firing does) it is delivered twice.
+#[cfg(feature = "failpoints")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_a_commit_whose_answer_is_lost_is_read_from_the_log_and_done_once() {
+    let kafka = Kafka::start();
+    let target = unique("txn-lost-answer");
+    kafka.create_topic(&target, 1).await;
+    let id = unique("txn");
+    let mut client = ClientConfig::new();
+    client
+        .set("bootstrap.servers", kafka.brokers())
+        .set("group.id", unique("txn-lookup"));
+    let lookup: kafka_delay::txn::Lookup = Arc::new(move |placed| {
+        kafka_delay::txn::lookup::committed(&client, placed.first()?, Duration::from_secs(20))
+    });
+    let setup = Setup {
+        renew: Some(renewer(&kafka, &id)),
+        lookup: Some(lookup),
+        ..Setup::new(Arc::new(|| None), CUT)
+    };
+    setup.lose_answers.store(1, Ordering::SeqCst);
+    let (txn, _task) = Transactions::start(transactional(&kafka, &id), setup).unwrap();
+    let mut failed = Vec::new();
+    for value in ["a", "b"] {
+        if let Err(e) = txn.submit(vec![out(&target, value)], Vec::new()).await {
+            // Work answered as failed goes again, as firing sends it again.
+            failed.push(format!("{value}: {e}"));
+            let again = txn.submit(vec![out(&target, value)], Vec::new()).await;
+            failed.push(format!("{value} again: {again:?}"));
+        }
+    }
+    assert_eq!(
+        values(&kafka, &target).await,
+        ["a", "b"],
+        "each value once; answered as failed: {failed:?}"
+    );
+    assert_eq!(failed, Vec::<String>::new());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_a_member_whose_generation_is_over_cannot_commit_offsets_or_records() {
     let kafka = Kafka::start();

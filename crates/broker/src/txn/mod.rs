@@ -23,6 +23,7 @@ use rdkafka::producer::{FutureProducer, Producer};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+pub mod lookup;
 mod outcome;
 mod refused;
 mod run;
@@ -140,6 +141,14 @@ pub type Observe = Arc<dyn Fn(&'static str, Duration) + Send + Sync>;
 /// Run after a transaction committed, before any of its work hears so (blocking).
 pub type AfterCommit = Box<dyn FnOnce() + Send>;
 
+/// Where a record of a transaction was written: (topic, partition, offset).
+pub type Placed = (String, i32, i64);
+
+/// Whether the transaction that wrote the records `placed` committed (`Some(true)`) or
+/// aborted (`Some(false)`), read from the log; `None` when it cannot tell. Asked after a
+/// commit call failed without saying whether the commit happened (blocking).
+pub type Lookup = Arc<dyn Fn(&[Placed]) -> Option<bool> + Send + Sync>;
+
 /// What the loop needs besides the producer.
 #[derive(Clone)]
 pub struct Setup {
@@ -157,6 +166,13 @@ pub struct Setup {
     pub observe: Option<Observe>,
     /// Learns the cluster's clock from the records' acknowledgements.
     pub kafka_clock: Option<Arc<KafkaClock>>,
+    /// Reads whether a transaction committed when its commit call failed in a way that does
+    /// not say (without it, such work goes again, which duplicates it if it did commit).
+    pub lookup: Option<Lookup>,
+    /// Test seam (`failpoints` builds): this many commits that succeed are reported as failed,
+    /// as when the coordinator's answer is lost.
+    #[cfg(feature = "failpoints")]
+    pub lose_answers: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Setup {
@@ -169,6 +185,9 @@ impl Setup {
             renew: None,
             observe: None,
             kafka_clock: None,
+            lookup: None,
+            #[cfg(feature = "failpoints")]
+            lose_answers: Arc::default(),
         }
     }
 }

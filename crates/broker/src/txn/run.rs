@@ -14,7 +14,7 @@ use tracing::{error, info, warn};
 use super::outcome::Outcome;
 use super::refused::Refused;
 use super::stuck::{retire, watched, Phase, Step, HUNG};
-use super::{classify, Offsets, Out, Queued, Setup, TxnError, TxnProducer, Work};
+use super::{classify, Offsets, Out, Placed, Queued, Setup, TxnError, TxnProducer, Work};
 use crate::kafka_clock::KafkaClock;
 
 /// How long a transaction being gathered waits for the next piece of work.
@@ -201,6 +201,9 @@ enum Failure {
     Whole(TxnError),
     Records(Vec<(usize, KafkaError)>, Vec<String>),
     NotOwned(usize),
+    /// The commit call failed without saying whether the commit happened: the records'
+    /// offsets, and where each record was written that names its partition.
+    Committing(TxnError, Vec<i64>, Vec<Placed>),
 }
 
 /// The refusal of a record to a topic the authorizer refuses.
@@ -221,8 +224,14 @@ fn transaction(
         .begin_transaction()
         .map_err(|e| Failure::Whole(classify(e)))
         .and_then(|()| write(producer, setup, &works, phase));
-    let written = match result {
-        Ok(offsets) => offsets,
+    let (written, spent) = match result {
+        Ok(offsets) => (offsets, None),
+        Err(Failure::Committing(error, offsets, placed)) => {
+            match looked_up(setup, &error, &placed) {
+                Some(true) => (offsets, Some(error)),
+                _ => return Outcome::new(vec![Err(error); n], Vec::new(), None),
+            }
+        }
         Err(failure) => {
             let abort = match &failure {
                 Failure::Whole(TxnError::Fenced(_)) => Ok(()),
@@ -253,7 +262,28 @@ fn transaction(
             Ok(written[at - k..at].to_vec())
         })
         .collect();
-    Outcome::new(answers, Vec::new(), None)
+    let mut outcome = Outcome::new(answers, Vec::new(), None);
+    // A producer whose commit call failed cannot go on, even when its commit happened.
+    outcome.spent = spent.map(|e| e.to_string());
+    outcome
+}
+
+/// Whether a transaction whose commit call failed with `error` committed, read from the log
+/// (`setup.lookup`); said either way, since it decides whether its work goes again.
+fn looked_up(setup: &Setup, error: &TxnError, placed: &[Placed]) -> Option<bool> {
+    let committed = setup.lookup.as_ref().and_then(|lookup| lookup(placed));
+    match committed {
+        Some(true) => {
+            warn!(%error, "a transaction's commit call failed, but the log shows it committed; its work is done")
+        }
+        Some(false) => {
+            warn!(%error, "a transaction's commit call failed and the log shows it aborted; its work goes again")
+        }
+        None => {
+            error!(%error, "a transaction's commit call failed and whether it committed cannot be read; its work goes again, and is delivered twice if it did")
+        }
+    }
+    committed
 }
 
 /// Each piece of work's answer when its transaction failed: the piece a refused record or a
@@ -278,6 +308,7 @@ fn answers(
         (None, Failure::NotOwned(_)) => {
             TxnError::Aborted("another piece's partition was revoked".into())
         }
+        (None, Failure::Committing(e, ..)) => e.clone(),
     };
     // Only a record refused for itself is named: records purged or not attempted because of
     // their transaction (a fenced producer's, an aborted one's) go again with the others.
@@ -390,8 +421,23 @@ fn write(
         return Err(Failure::Whole(TxnError::Fenced(HUNG.into())));
     }
     crate::failpoint::hit("before-commit");
-    commit(producer, cut.commit_wait).map_err(whole)?;
+    commit(producer, setup).map_err(|e| committing(e, &outs, &written))?;
     Ok(written)
+}
+
+/// The failure of a commit call: one that requires an abort says the commit did not happen
+/// (a record failed before it was sent); any other leaves it unknown.
+fn committing(e: KafkaError, outs: &[&Out], written: &[i64]) -> Failure {
+    let aborts = matches!(&e, KafkaError::Transaction(t) if t.txn_requires_abort())
+        || matches!(&e, KafkaError::Flush(_));
+    if aborts {
+        return Failure::Whole(classify(e));
+    }
+    let placed = (outs.iter().zip(written))
+        .filter_map(|(o, &at)| o.partition.map(|p| (o.topic.clone(), p, at)))
+        .collect();
+    let error = TxnError::Fenced(format!("its commit call failed: {}", classify(e)));
+    Failure::Committing(error, written.to_vec(), placed)
 }
 
 /// Pause between two calls waiting for the same commit.
@@ -402,10 +448,16 @@ const COMMIT_AGAIN: Duration = Duration::from_millis(10);
 /// still commit: it is waited for by calling again, never aborted. An abort would fail then
 /// (librdkafka refuses it while the commit is in progress), the producer would be renewed and
 /// the work would go again, each of its records twice where the commit went through.
-fn commit(producer: &TxnProducer, timeout: Duration) -> Result<(), KafkaError> {
+fn commit(producer: &TxnProducer, setup: &Setup) -> Result<(), KafkaError> {
     let started = Instant::now();
     loop {
-        match producer.commit_transaction(timeout) {
+        match producer.commit_transaction(setup.cut.commit_wait) {
+            #[cfg(feature = "failpoints")]
+            Ok(()) if lose_answer(setup) => {
+                return Err(KafkaError::MessageProduction(
+                    RDKafkaErrorCode::InvalidTransactionalState,
+                ))
+            }
             // The flush rust-rdkafka does first timed out (every record is acknowledged by
             // now: what is left is librdkafka's own queue), or the commit itself did.
             Err(e @ KafkaError::Flush(RDKafkaErrorCode::OperationTimedOut)) => waiting(&e, started),
@@ -414,6 +466,15 @@ fn commit(producer: &TxnProducer, timeout: Duration) -> Result<(), KafkaError> {
         }
         std::thread::sleep(COMMIT_AGAIN);
     }
+}
+
+/// Whether the test seam [`Setup::lose_answers`] takes this commit's answer.
+#[cfg(feature = "failpoints")]
+fn lose_answer(setup: &Setup) -> bool {
+    use std::sync::atomic::Ordering;
+    (setup.lose_answers)
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
 }
 
 fn waiting(e: &dyn std::fmt::Display, started: Instant) {

@@ -14,7 +14,7 @@ use crate::durability::{Context, DurabilityError, Grouped};
 use crate::kafka::{transactional_producer_config, KafkaSetupError};
 use crate::metrics::Metrics;
 use crate::store::Store;
-use crate::txn::{Cut, Setup, Transactions};
+use crate::txn::{lookup, Cut, Placed, Setup, Transactions};
 
 /// Longest a commit call, an abort or an offset send may block.
 const TRANSACTION_CALL_TIMEOUT: Duration = Duration::from_secs(30);
@@ -61,6 +61,18 @@ pub(in crate::durability) async fn start(
         let s = store.clone();
         Arc::new(move |pid| s.owns(pid))
     };
+    let lookup = {
+        let changelog = grouped.changelog().clone();
+        let mut client = crate::kafka::base_config(config);
+        client.set("group.id", config.kafka.restore_group());
+        let within = Cut::stuck_after(transaction_timeout(&producer_config));
+        // Every transaction writes to the changelog (entries, or a tombstone for each record
+        // fired or dead-lettered), which this instance can read.
+        Arc::new(move |placed: &[Placed]| {
+            let on_changelog = placed.iter().find(|p| changelog.is_changelog(&p.0))?;
+            lookup::committed(&client, on_changelog, within)
+        })
+    };
     let metrics = metrics.clone();
     let setup = Setup {
         group,
@@ -74,6 +86,9 @@ pub(in crate::durability) async fn start(
         owned: Some(owned),
         renew: Some(renew),
         kafka_clock: Some(grouped.changelog().kafka_clock().clone()),
+        lookup: Some(lookup),
+        #[cfg(feature = "failpoints")]
+        lose_answers: Arc::default(),
         observe: Some(Arc::new(move |outcome, took| {
             metrics
                 .broker
