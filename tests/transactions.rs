@@ -307,17 +307,23 @@ async fn apache_kafka_a_commit_that_outlives_its_call_is_waited_for_and_commits_
     };
     let (txn, _task) = Transactions::start(transactional(&kafka, &id), setup).unwrap();
     let sent: Vec<String> = (0..20).map(|i| format!("v{i}")).collect();
+    each_once(&kafka, &txn, &target, &sent).await;
+}
+
+/// Submits each of `sent` to `target` in a transaction of its own, once more when it is
+/// answered as failed (as firing sends such work again), then asserts that each was read
+/// once and none was answered as failed.
+async fn each_once(kafka: &Kafka, txn: &Transactions, target: &str, sent: &[String]) {
     let mut failed = Vec::new();
-    for value in &sent {
-        if let Err(e) = txn.submit(vec![out(&target, value)], Vec::new()).await {
-            // Work answered as failed goes again, as firing sends it again.
+    for value in sent {
+        if let Err(e) = txn.submit(vec![out(target, value)], Vec::new()).await {
             failed.push(format!("{value}: {e}"));
-            let again = txn.submit(vec![out(&target, value)], Vec::new()).await;
+            let again = txn.submit(vec![out(target, value)], Vec::new()).await;
             failed.push(format!("{value} again: {again:?}"));
         }
     }
     assert_eq!(
-        values(&kafka, &target).await,
+        values(kafka, target).await,
         sent,
         "each value once; answered as failed: {failed:?}"
     );
@@ -350,21 +356,7 @@ async fn apache_kafka_a_commit_whose_answer_is_lost_is_read_from_the_log_and_don
     };
     setup.lose_answers.store(1, Ordering::SeqCst);
     let (txn, _task) = Transactions::start(transactional(&kafka, &id), setup).unwrap();
-    let mut failed = Vec::new();
-    for value in ["a", "b"] {
-        if let Err(e) = txn.submit(vec![out(&target, value)], Vec::new()).await {
-            // Work answered as failed goes again, as firing sends it again.
-            failed.push(format!("{value}: {e}"));
-            let again = txn.submit(vec![out(&target, value)], Vec::new()).await;
-            failed.push(format!("{value} again: {again:?}"));
-        }
-    }
-    assert_eq!(
-        values(&kafka, &target).await,
-        ["a", "b"],
-        "each value once; answered as failed: {failed:?}"
-    );
-    assert_eq!(failed, Vec::<String>::new());
+    each_once(&kafka, &txn, &target, &["a".into(), "b".into()]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
