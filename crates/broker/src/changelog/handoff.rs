@@ -51,6 +51,16 @@ pub struct Handoff {
     owed: AtomicUsize,
 }
 
+/// Changelog writes owed while it lives ([`Handoff::owing`]).
+#[derive(Debug)]
+pub struct Owing(Arc<Handoff>);
+
+impl Drop for Owing {
+    fn drop(&mut self) {
+        self.0.paid();
+    }
+}
+
 /// The receiving end of [`Handoff`]'s events, for the restore task.
 #[derive(Debug)]
 pub struct Events(pub(super) mpsc::UnboundedReceiver<Event>);
@@ -74,8 +84,9 @@ impl Handoff {
         self.stopping.store(true, Ordering::Relaxed);
     }
 
-    /// A delete after delivery is about to write tombstones ([`Handoff::paid`] when handed to
-    /// the producer): a revoke waits for them.
+    /// A delete after delivery is about to write tombstones, or an ingest group its entries
+    /// ([`Handoff::paid`] when handed to the producer, or acknowledged): a revoke waits for
+    /// them.
     pub fn owe(&self) {
         self.owed.fetch_add(1, Ordering::AcqRel);
     }
@@ -83,6 +94,12 @@ impl Handoff {
     /// See [`Handoff::owe`].
     pub fn paid(&self) {
         self.owed.fetch_sub(1, Ordering::AcqRel);
+    }
+
+    /// [`Handoff::owe`] now, [`Handoff::paid`] when the guard is dropped.
+    pub fn owing(self: &Arc<Self>) -> Owing {
+        self.owe();
+        Owing(self.clone())
     }
 
     /// In the rebalance callback: `tpl` is assigned paused and handed to the restore task.

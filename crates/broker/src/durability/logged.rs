@@ -11,7 +11,7 @@ use tracing::{error, warn};
 use super::grouped::Grouped;
 use crate::backoff::Backoff;
 use crate::changelog::group_entries;
-use crate::ingest::{Durable, OffsetCommit, Stored};
+use crate::ingest::{Durable, Guard, OffsetCommit, Stored};
 use crate::publish::reports::Sent;
 use crate::publish::{Delivery, Publisher};
 use crate::store::{ReadMark, StoreError};
@@ -124,6 +124,12 @@ impl Durable for Logged {
 
     fn after_store<'a, 'm: 'a>(&'a self, group: Stored<'a, 'm>) -> BoxFuture<'a, bool> {
         Box::pin(self.log_changes(group))
+    }
+
+    /// A group waits for the changelog's acknowledgement while the next is read and stored;
+    /// a revoke waits for the group in flight.
+    fn in_flight(&self) -> Option<Guard> {
+        Some(Box::new(self.grouped.handoff().owing()))
     }
 
     fn offset_commit(&self) -> OffsetCommit {

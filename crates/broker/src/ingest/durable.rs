@@ -20,6 +20,10 @@ const DEAD_LETTER_WAIT: Duration = Duration::from_secs(60);
 /// The last offset of each source partition in a group, by the partition's store id.
 pub type Last<'m> = HashMap<Pid, (&'m str, i32, i64)>;
 
+/// Held while a group is made safe in the background ([`Durable::in_flight`]); dropped once it
+/// is.
+pub type Guard = Box<dyn Send>;
+
 /// A group of records RocksDB has taken, for the durability mode to make safe beyond this disk.
 #[derive(Debug)]
 pub struct Stored<'a, 'm> {
@@ -78,6 +82,12 @@ pub trait Durable: Send + Sync + std::fmt::Debug {
     /// wheel: makes it safe beyond this disk. `false`: not made safe (stopping, or none of its
     /// partitions is owned here any more); nothing of the group is acknowledged.
     fn after_store<'a, 'm: 'a>(&'a self, group: Stored<'a, 'm>) -> BoxFuture<'a, bool>;
+    /// Whether ingest reads and stores the next group while this mode makes the last one safe
+    /// ([`Durable::after_store`]), for a mode that waits on the network for it: then the guard,
+    /// held until that group is safe, that a revoke waits for. Asked once per group.
+    fn in_flight(&self) -> Option<Guard> {
+        None
+    }
     /// How source offsets reach the group.
     fn offset_commit(&self) -> OffsetCommit;
     /// Most records in one group.

@@ -13,6 +13,10 @@
 //!    committed them with the group;
 //! 5. the new records go to the scheduler.
 //!
+//! Steps 3 to 5 run in the background, while the next group is read and stored (1 and 2), when
+//! the mode waits on the network for step 3 ([`Durable::in_flight`]; `safe`): one group at a time,
+//! in order.
+//!
 //! A record below the offset already stored for its partition was ingested before a crash and
 //! is skipped. A RocksDB write failure (a full disk) pauses consumption and is retried; no
 //! offset is stored for anything not in RocksDB. The task never sleeps on a due time.
@@ -21,6 +25,7 @@ mod consumer;
 mod context;
 pub mod coverage;
 mod durable;
+mod safe;
 mod topics;
 
 use std::collections::HashMap;
@@ -35,18 +40,19 @@ use tracing::{debug, error, info, warn};
 
 pub use consumer::{consumer, consumer_config, ready_now, subscribe, Broken};
 pub use context::IngestContext;
-pub use durable::{Durable, Last, OffsetCommit, Rebalance, Stored};
+pub use durable::{Durable, Guard, Last, OffsetCommit, Rebalance, Stored};
 pub use topics::TopicCreator;
 
 use crate::backoff::Backoff;
 use crate::dead_letter::{DeadLetter, DeadLetters, Origin};
 use crate::kafka::header_refs;
 use crate::metrics::Metrics;
-use crate::scheduler::{Inserts, Wake};
+use crate::scheduler::Inserts;
 use crate::store::{Applied, IngestOp, Store};
 use kafka_delay_core::clock::Clock;
 use kafka_delay_core::id::Pid;
 use kafka_delay_core::record::{Command, Contract, HeaderRef, Incoming, Reject};
+use safe::{Finisher, InFlight, Taken};
 
 /// Longest wait for the commit of the stored offsets at shutdown. librdkafka's synchronous
 /// commit has no timeout of its own, and one was seen waiting forever (a CI run, with the mock
@@ -134,6 +140,7 @@ impl Ingest {
         // The records are read where librdkafka holds them (no copy of each one first): they
         // borrow this handle, not `self`, which processing them changes.
         let consumer = self.consumer.clone();
+        let mut in_flight = None;
         loop {
             let first = tokio::select! {
                 biased;
@@ -159,11 +166,14 @@ impl Ingest {
                     _ => break,
                 }
             }
-            self.process(group).await;
+            self.process(group, &mut in_flight).await;
             if let Some(why) = self.durability.broken() {
                 self.broken.send_replace(Some(Broken(why)));
                 return;
             }
+        }
+        if let Some(last) = in_flight.take() {
+            self.next_offsets.extend(last.settled().await);
         }
         // Commit exactly what RocksDB holds, for the partitions still assigned: never the
         // consumer's position, which can be past a group that was fetched but not stored.
@@ -193,7 +203,9 @@ impl Ingest {
         }
     }
 
-    async fn process(&mut self, group: Vec<BorrowedMessage<'_>>) {
+    /// Interprets and stores `group`, then has it made safe: here, or in the background while
+    /// the next group is read ([`safe`]), after the group `in_flight` before it.
+    async fn process(&mut self, group: Vec<BorrowedMessage<'_>>, in_flight: &mut Option<InFlight>) {
         if let Some(m) = group.first() {
             debug!(
                 topic = m.topic(),
@@ -203,13 +215,14 @@ impl Ingest {
                 "group"
             );
         }
-        self.next_offsets.extend(self.durability.resumed());
+        let resumed = self.durability.resumed();
+        self.next_offsets.extend(&resumed);
         let now = self.clock.now_ms();
         let Interpreted {
             ops,
             stamps,
             dead,
-            mut last,
+            last,
         } = self.interpret(&group, now).await;
         if ops.is_empty() {
             return;
@@ -223,44 +236,40 @@ impl Ingest {
             return;
         };
         crate::failpoint::hit("after-store-write");
-        let stored = Stored {
-            ops: &ops,
-            stamps: &stamps,
-            applied: &applied,
-            last: &mut last,
-            dead: &dead,
-            dead_letters: &self.dead,
-            stopping: self.stopping.as_ref(),
+        let taken = Taken {
+            ops,
+            stamps,
+            applied,
+            last: last
+                .into_iter()
+                .map(|(pid, (topic, partition, offset))| {
+                    (pid, (topic.to_owned(), partition, offset))
+                })
+                .collect(),
+            dead,
         };
-        if !self.durability.after_store(stored).await {
-            return; // not made safe: consumed again, here or by the new owner
+        if let Some(before) = in_flight.take() {
+            self.next_offsets.extend(before.settled().await);
+            // A partition restored since resumes where its restore says.
+            self.next_offsets.extend(&resumed);
         }
-        let store_offsets = self.durability.offset_commit() == OffsetCommit::Consumer;
-        for (pid, (topic, partition, offset)) in last {
-            if store_offsets {
-                if let Err(e) = self.consumer.store_offset(topic, partition, offset) {
-                    debug!(%topic, partition, error = %e, "offset not stored (partition revoked?)");
-                }
-            }
-            self.next_offsets.insert(pid, offset + 1);
+        let finisher = self.finisher();
+        match self.durability.in_flight() {
+            Some(guard) => *in_flight = Some(finisher.spawn(taken, guard)),
+            None => self.next_offsets.extend(finisher.finish(taken).await),
         }
-        self.metrics.ingest.replaced.inc_by(applied.replaced as u64);
-        self.metrics
-            .ingest
-            .cancelled
-            .inc_by(applied.cancelled as u64);
-        self.metrics
-            .pending
-            .records
-            .set(self.store.pending() as i64);
-        if !applied.inserted.is_empty()
-            && self
-                .scheduler
-                .send(Wake::Indexed(applied.inserted))
-                .await
-                .is_err()
-        {
-            warn!("scheduler stopped; new records will be loaded from RocksDB at the next start");
+    }
+
+    /// What a group's last steps need.
+    fn finisher(&self) -> Finisher {
+        Finisher {
+            durability: self.durability.clone(),
+            consumer: self.consumer.clone(),
+            store: self.store.clone(),
+            scheduler: self.scheduler.clone(),
+            metrics: self.metrics.clone(),
+            dead_letters: self.dead.clone(),
+            stopping: self.stopping.clone(),
         }
     }
 
