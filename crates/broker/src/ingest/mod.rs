@@ -256,7 +256,7 @@ impl Ingest {
         let finisher = self.finisher();
         match self.durability.in_flight() {
             Some(guard) => *in_flight = Some(finisher.spawn(taken, guard)),
-            None => self.next_offsets.extend(finisher.finish(taken).await),
+            None => self.next_offsets.extend(finisher.finish(taken, None).await),
         }
     }
 

@@ -53,9 +53,10 @@ pub(super) struct Finisher {
 }
 
 impl Finisher {
-    /// Makes `group` safe, stores its offsets and hands its records to the wheel: the next
-    /// offset of each partition made safe (none when the mode did not make it safe).
-    pub(super) async fn finish(&self, group: Taken) -> Settled {
+    /// Makes `group` safe (holding `guard` until then), stores its offsets and hands its
+    /// records to the wheel: the next offset of each partition made safe (none when the mode
+    /// did not make it safe).
+    pub(super) async fn finish(&self, group: Taken, guard: Option<Guard>) -> Settled {
         let Taken {
             ops,
             stamps,
@@ -76,7 +77,9 @@ impl Finisher {
             dead_letters: &self.dead_letters,
             stopping: self.stopping.as_ref(),
         };
-        if !self.durability.after_store(stored).await {
+        let safe = self.durability.after_store(stored).await;
+        drop(guard);
+        if !safe {
             return Vec::new(); // not made safe: consumed again, here or by the new owner
         }
         let store_offsets = self.durability.offset_commit() == OffsetCommit::Consumer;
@@ -110,13 +113,11 @@ impl Finisher {
         settled
     }
 
-    /// Starts `group`'s last steps in the background, holding `guard` until they end.
+    /// Starts `group`'s last steps in the background, holding `guard` until it is safe.
     pub(super) fn spawn(&self, group: Taken, guard: Guard) -> InFlight {
         let this = self.clone();
         InFlight(tokio::spawn(async move {
-            let settled = this.finish(group).await;
-            drop(guard);
-            settled
+            this.finish(group, Some(guard)).await
         }))
     }
 }
