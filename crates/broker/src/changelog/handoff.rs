@@ -213,3 +213,50 @@ impl Handoff {
         self.moving.config.cluster.standby_replicas > 0
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::mpsc;
+
+    use super::*;
+    use crate::changelog::Changelog;
+    use crate::config::RunArgs;
+    use crate::metrics::Metrics;
+    use crate::store::{Store, StoreOptions};
+
+    /// A handoff over a real store; its changelog producer never connects (nothing is written).
+    fn handoff(dir: &std::path::Path) -> Arc<Handoff> {
+        let run = RunArgs::try_parse_flags(["--brokers", "127.0.0.1:9", "--changelog"])
+            .expect("flags parse");
+        let config = Arc::new(run.validate().expect("valid"));
+        let store = Arc::new(Store::open(dir, StoreOptions::default()).expect("store"));
+        let changelog = Changelog::new(&config, Arc::default()).expect("producer");
+        let metrics = Metrics::new(&prometheus::Registry::new(), &Default::default()).unwrap();
+        let moving = Moving::new(store, changelog, config, metrics);
+        Arc::new(Handoff::new(moving).0)
+    }
+
+    #[test]
+    fn a_revoke_waits_for_the_changelog_writes_owed_until_they_are_paid() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = handoff(dir.path());
+        // An ingest group waiting for the changelog's acknowledgement (`Durable::in_flight`).
+        let owing = h.owing();
+        let (done, revoked) = mpsc::channel();
+        let revoking = h.clone();
+        std::thread::spawn(move || {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition("delay.a", 0);
+            revoking.on_revoke(&tpl);
+            let _ = done.send(());
+        });
+        assert!(
+            revoked.recv_timeout(Duration::from_millis(500)).is_err(),
+            "the partition was let go while a group still owed its changelog writes"
+        );
+        drop(owing);
+        revoked
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the revoke ends once the group is acknowledged");
+    }
+}
