@@ -217,6 +217,9 @@ impl Ingest {
         }
         let resumed = self.durability.resumed();
         self.next_offsets.extend(&resumed);
+        if let Some(group) = in_flight.as_mut() {
+            group.resumed(&resumed);
+        }
         let now = self.clock.now_ms();
         let Interpreted {
             ops,
@@ -250,8 +253,6 @@ impl Ingest {
         };
         if let Some(before) = in_flight.take() {
             self.next_offsets.extend(before.settled().await);
-            // A partition restored since resumes where its restore says.
-            self.next_offsets.extend(&resumed);
         }
         let finisher = self.finisher();
         match self.durability.in_flight() {

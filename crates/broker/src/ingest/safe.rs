@@ -116,25 +116,59 @@ impl Finisher {
     /// Starts `group`'s last steps in the background, holding `guard` until it is safe.
     pub(super) fn spawn(&self, group: Taken, guard: Guard) -> InFlight {
         let this = self.clone();
-        InFlight(tokio::spawn(async move {
-            this.finish(group, Some(guard)).await
-        }))
+        InFlight {
+            task: tokio::spawn(async move { this.finish(group, Some(guard)).await }),
+            resumed: HashMap::new(),
+        }
     }
 }
 
 /// A group being made safe in the background.
 #[derive(Debug)]
-pub(super) struct InFlight(JoinHandle<Settled>);
+pub(super) struct InFlight {
+    task: JoinHandle<Settled>,
+    /// Partitions restored here meanwhile, and where each resumes.
+    resumed: HashMap<Pid, i64>,
+}
 
 impl InFlight {
-    /// Waits for the group's last steps.
+    /// Partitions restored while the group is in flight: they resume where their restore says,
+    /// whatever the group settles.
+    pub(super) fn resumed(&mut self, resumed: &HashMap<Pid, i64>) {
+        self.resumed.extend(resumed);
+    }
+
+    /// Waits for the group's last steps: the next offset of each partition it made safe, a
+    /// partition restored meanwhile at the offset its restore gave.
     pub(super) async fn settled(self) -> Settled {
-        match self.0.await {
+        let mut settled = match self.task.await {
             Ok(settled) => settled,
             Err(e) => {
                 error!(error = %e, "an ingest group's last steps failed; it is consumed again");
                 Vec::new()
             }
-        }
+        };
+        settled.retain(|(pid, _)| !self.resumed.contains_key(pid));
+        settled.extend(self.resumed);
+        settled
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_partition_restored_while_a_group_is_in_flight_resumes_where_its_restore_says() {
+        // The group made partitions 1 and 2 safe up to 100 and 200; meanwhile partition 2 was
+        // revoked, assigned again and restored, and resumes at 150.
+        let mut group = InFlight {
+            task: tokio::spawn(async { vec![(1, 100), (2, 200)] }),
+            resumed: HashMap::new(),
+        };
+        group.resumed(&HashMap::from([(2, 150)]));
+        let mut next: HashMap<Pid, i64> = HashMap::new();
+        next.extend(group.settled().await);
+        assert_eq!(next, HashMap::from([(1, 100), (2, 150)]));
     }
 }
