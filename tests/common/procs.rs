@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
-use super::{http_get, Topics};
+use super::{http_get_at, Topics};
 
 pub(crate) const BIN: &str = env!("CARGO_BIN_EXE_kafka-delay");
 
@@ -148,13 +148,10 @@ pub(crate) async fn wait_ready(port: u16, within: Duration) -> Duration {
     let started = Instant::now();
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
     loop {
-        if let Ok(Ok((200, _))) = tokio::time::timeout(Duration::from_secs(1), async {
-            match tokio::net::TcpStream::connect(addr).await {
-                Ok(_) => Ok(http_get(addr, "/readyz").await),
-                Err(e) => Err(e),
-            }
-        })
-        .await
+        // A server restarting in place can take the request and close before answering: that
+        // is not ready yet either.
+        if let Ok(Some((200, _))) =
+            tokio::time::timeout(Duration::from_secs(1), http_get_at(addr, "/readyz")).await
         {
             return started.elapsed();
         }

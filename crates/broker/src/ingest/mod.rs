@@ -141,10 +141,11 @@ impl Ingest {
         // borrow this handle, not `self`, which processing them changes.
         let consumer = self.consumer.clone();
         let mut in_flight = None;
-        loop {
+        // Whether the consumer can still commit when the loop ends.
+        let usable = loop {
             let first = tokio::select! {
                 biased;
-                _ = shutdown.wait_for(|s| *s) => break,
+                _ = shutdown.wait_for(|s| *s) => break true,
                 m = consumer.recv() => m,
             };
             let first = match first {
@@ -152,7 +153,7 @@ impl Ingest {
                 Err(e) => {
                     if let Some(broken) = Broken::of(&consumer) {
                         self.broken.send_replace(Some(broken));
-                        return; // nothing can be committed through it
+                        break false; // nothing can be committed through it
                     }
                     warn!(error = %e, "consumer error");
                     continue;
@@ -169,11 +170,16 @@ impl Ingest {
             self.process(group, &mut in_flight).await;
             if let Some(why) = self.durability.broken() {
                 self.broken.send_replace(Some(Broken(why)));
-                return;
+                break false;
             }
-        }
+        };
+        // The group in flight ends before ingest does: it holds the store, which the shutdown
+        // closes once ingest has ended.
         if let Some(last) = in_flight.take() {
             self.next_offsets.extend(last.settled().await);
+        }
+        if !usable {
+            return;
         }
         // Commit exactly what RocksDB holds, for the partitions still assigned: never the
         // consumer's position, which can be past a group that was fetched but not stored.
