@@ -140,6 +140,7 @@ impl Ingest {
         // The records are read where librdkafka holds them (no copy of each one first): they
         // borrow this handle, not `self`, which processing them changes.
         let consumer = self.consumer.clone();
+        let finisher = self.finisher();
         let mut in_flight = None;
         // Whether the consumer can still commit when the loop ends.
         let usable = loop {
@@ -167,7 +168,7 @@ impl Ingest {
                     _ => break,
                 }
             }
-            self.process(group, &mut in_flight).await;
+            self.process(group, &finisher, &mut in_flight).await;
             if let Some(why) = self.durability.broken() {
                 self.broken.send_replace(Some(Broken(why)));
                 break false;
@@ -209,9 +210,15 @@ impl Ingest {
         }
     }
 
-    /// Interprets and stores `group`, then has it made safe: here, or in the background while
-    /// the next group is read ([`safe`]), after the group `in_flight` before it.
-    async fn process(&mut self, group: Vec<BorrowedMessage<'_>>, in_flight: &mut Option<InFlight>) {
+    /// Interprets and stores `group`, then has `finisher` make it safe: here, or in the
+    /// background while the next group is read ([`safe`]), after the group `in_flight` before
+    /// it.
+    async fn process(
+        &mut self,
+        group: Vec<BorrowedMessage<'_>>,
+        finisher: &Finisher,
+        in_flight: &mut Option<InFlight>,
+    ) {
         if let Some(m) = group.first() {
             debug!(
                 topic = m.topic(),
@@ -260,14 +267,13 @@ impl Ingest {
         if let Some(before) = in_flight.take() {
             self.next_offsets.extend(before.settled().await);
         }
-        let finisher = self.finisher();
         match self.durability.in_flight() {
             Some(guard) => *in_flight = Some(finisher.spawn(taken, guard)),
             None => self.next_offsets.extend(finisher.finish(taken, None).await),
         }
     }
 
-    /// What a group's last steps need.
+    /// What a group's last steps need (built once, when ingest starts).
     fn finisher(&self) -> Finisher {
         Finisher {
             durability: self.durability.clone(),
