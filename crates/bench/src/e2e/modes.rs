@@ -30,9 +30,13 @@ pub struct ModesArgs {
     #[arg(long, default_value_t = 3)]
     pub rounds: usize,
     /// The modes to run, in this order in every round, comma-separated: `local`
-    /// (`--no-changelog`), `changelog` (the default on such a cluster), `changelog-copied`
-    /// (`--changelog-copy-values`), `exactly-once`.
-    #[arg(long, default_value = "local,changelog,exactly-once")]
+    /// (`--no-changelog`), `changelog` (the default on such a cluster), `changelog-unlingered`
+    /// (`--changelog-linger 0s`: every record written to the changelog, as records due later
+    /// than the linger are), `changelog-copied` (`--changelog-copy-values`), `exactly-once`.
+    #[arg(
+        long,
+        default_value = "local,changelog,changelog-unlingered,exactly-once"
+    )]
     pub modes: String,
     /// Where to write the results as JSON.
     #[arg(long, default_value = "bench-modes.json")]
@@ -47,6 +51,9 @@ pub enum Mode {
     Local,
     /// `--changelog`: RocksDB and the compacted changelog topic.
     Changelog,
+    /// `--changelog --changelog-linger 0s`: every record's entry written before it can fire,
+    /// and its tombstone after (what a record due after the linger costs).
+    ChangelogUnlingered,
     /// `--changelog --changelog-copy-values`: the changelog with every value copied into it
     /// (no pointers to the source).
     ChangelogCopied,
@@ -59,10 +66,12 @@ impl Mode {
         match name.trim() {
             "local" => Ok(Self::Local),
             "changelog" => Ok(Self::Changelog),
+            "changelog-unlingered" => Ok(Self::ChangelogUnlingered),
             "changelog-copied" => Ok(Self::ChangelogCopied),
             "exactly-once" => Ok(Self::ExactlyOnce),
             other => Err(format!(
-                "--modes: unknown mode {other:?} (local, changelog, changelog-copied, exactly-once)"
+                "--modes: unknown mode {other:?} (local, changelog, changelog-unlingered, \
+                 changelog-copied, exactly-once)"
             )
             .into()),
         }
@@ -72,6 +81,7 @@ impl Mode {
         match self {
             Self::Local => "local",
             Self::Changelog => "changelog",
+            Self::ChangelogUnlingered => "changelog-unlingered",
             Self::ChangelogCopied => "changelog-copied",
             Self::ExactlyOnce => "exactly-once",
         }
@@ -83,6 +93,7 @@ impl Mode {
         match self {
             Self::Local => &["--no-changelog"],
             Self::Changelog => &["--changelog"],
+            Self::ChangelogUnlingered => &["--changelog", "--changelog-linger", "0s"],
             Self::ChangelogCopied => &["--changelog", "--changelog-copy-values"],
             Self::ExactlyOnce => &["--exactly-once", "--instance-id", "bench"],
         }

@@ -31,6 +31,7 @@ pub mod restore;
 pub mod standby;
 pub mod takeover;
 pub mod topics;
+pub mod unlogged;
 pub mod values;
 
 use std::collections::HashMap;
@@ -106,6 +107,8 @@ pub struct Changelog {
     kafka_clock: Arc<KafkaClock>,
     /// Which records' values are copied, which pointed at.
     values: Arc<values::Values>,
+    /// Records in the wheel whose group is not written yet.
+    unlogged: Arc<unlogged::Unlogged>,
 }
 
 impl std::fmt::Debug for Changelog {
@@ -142,7 +145,13 @@ impl Changelog {
             group: config.kafka.group_id.clone(),
             kafka_clock,
             values: Arc::new(values::Values::new(config.cluster.changelog_copy)),
+            unlogged: Arc::default(),
         })
+    }
+
+    /// Records in the wheel whose group is not written yet.
+    pub fn unlogged(&self) -> &unlogged::Unlogged {
+        &self.unlogged
     }
 
     /// The changelog topic of source topic `source`.
@@ -243,10 +252,12 @@ impl Changelog {
         }
     }
 
-    /// Writes the tombstones of records that are gone (delivered), without waiting.
+    /// Writes the tombstones of records that are gone (delivered), without waiting; a record
+    /// whose group was not written yet has no entry, and gets none ([`unlogged`]).
     pub async fn gone(&self, store: &Store, ids: impl Iterator<Item = RecordId>) {
+        let _ordered = self.unlogged.ordered().await;
         let mut by_pid: HashMap<Pid, Vec<Entry<'_>>> = HashMap::new();
-        for id in ids {
+        for id in ids.filter(|id| !self.unlogged.take(*id)) {
             by_pid
                 .entry(id.pid())
                 .or_default()
@@ -356,12 +367,14 @@ impl Pending<'_> {
 /// What an ingest group changed, per source partition, as changelog entries: its records
 /// (pointers where their source topic keeps them: [`values`]), then what they removed
 /// (replaced or cancelled). `stamps` are the source records' timestamps, in the order of
-/// `ops`; `topic_of` names each partition's topic.
+/// `ops`; `topic_of` names each partition's topic; `logged` says whether a record (its
+/// partition, its offset) gets an entry (one that fired before its group was written does not).
 pub fn group_entries<'a, 't>(
     changelog: &Changelog,
     (ops, stamps): (&'a [IngestOp], &[Option<u64>]),
     applied: &Applied,
     topic_of: impl Fn(Pid) -> Option<&'t str>,
+    mut logged: impl FnMut(Pid, i64) -> bool,
 ) -> HashMap<Pid, Vec<Entry<'a>>> {
     let mut by_pid: HashMap<Pid, Vec<Entry<'a>>> = HashMap::new();
     for (i, op) in ops.iter().enumerate() {
@@ -371,6 +384,9 @@ pub fn group_entries<'a, 't>(
             schedule,
         } = op
         {
+            if !logged(*pid, *offset) {
+                continue;
+            }
             let entry = match topic_of(*pid) {
                 Some(topic) => changelog.values.entry(
                     topic,

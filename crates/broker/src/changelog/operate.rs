@@ -49,7 +49,8 @@ impl Operators {
     }
 
     /// Writes operators' changes to the changelog and waits for them (blocking; called after
-    /// the store made them): a record moved (`Some`, as it is now) or cancelled (`None`).
+    /// the store made them): a record moved (`Some`, as it is now) or cancelled (`None`). A
+    /// record whose group is not written yet gets its entry here, and none from its group.
     ///
     /// # Errors
     /// What Kafka refused; the change stands here but a restore elsewhere would not see it.
@@ -66,6 +67,10 @@ impl Operators {
             by_pid.entry(rid.pid()).or_default().push(e);
         }
         let write = async {
+            let _ordered = self.changelog.unlogged().ordered().await;
+            for (rid, _) in changes {
+                self.changelog.unlogged().take(*rid);
+            }
             for (pid, entries) in &by_pid {
                 let Some((topic, partition)) = self.store.partition_of(*pid) else {
                     continue;

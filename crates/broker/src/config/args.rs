@@ -176,6 +176,16 @@ pub struct ClusterArgs {
     #[arg(long, env = "KAFKA_DELAY_CHANGELOG_COPY_MARGIN", default_value = "1d",
           value_parser = duration)]
     pub changelog_copy_margin: Duration,
+    /// How long a group of ingested records waits before it is written to the changelog, while
+    /// its records are already in the timing wheel: a record that fires within it needs no
+    /// changelog entry and no tombstone. The group's source offsets are committed only once it
+    /// is written, so after a crash the group is read again from its source topic (records
+    /// that fired within the linger may fire again; none is lost). A revoke waits for the
+    /// lingering groups. 0 writes every record to the changelog before it can fire. Less than
+    /// --handoff-wait; ignored with --exactly-once. [default: 1s, or half of --handoff-wait if
+    /// that is less]
+    #[arg(long, env = "KAFKA_DELAY_CHANGELOG_LINGER", value_parser = duration)]
+    pub changelog_linger: Option<Duration>,
     /// When a partition is revoked, how long its deliveries in flight may take to finish
     /// before it is let go anyway (those records may then fire again on the new owner).
     #[arg(long, env = "KAFKA_DELAY_HANDOFF_WAIT", default_value = "10s", value_parser = duration)]

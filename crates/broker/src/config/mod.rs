@@ -79,6 +79,9 @@ pub struct ClusterConfig {
     pub changelog_replication: i32,
     /// Which values the changelog copies rather than points at in the source topic.
     pub changelog_copy: ValueCopy,
+    /// How long an ingested group's records are in the wheel before the group is written to
+    /// the changelog (zero: it is written first).
+    pub changelog_linger: Duration,
     /// Longest wait for a revoked partition's deliveries in flight.
     pub handoff_wait: Duration,
     /// Warm copies of each partition kept by other instances.

@@ -299,6 +299,23 @@ fn the_changelog_is_the_default_on_a_cluster_and_its_flags_are_checked() {
     assert_eq!(c.cluster.changelog, Changelog::On);
     assert_eq!(c.cluster.changelog_replication, 3);
     assert_eq!(c.cluster.handoff_wait, Duration::from_secs(2));
+    // Groups linger 1 s before the changelog has them, within any handoff's wait.
+    let linger = |flags: &[&str]| {
+        let mut all = vec!["--brokers", "k:9092"];
+        all.extend_from_slice(flags);
+        parse(&all).map(|c| c.cluster.changelog_linger)
+    };
+    assert_eq!(linger(&[]), Ok(Duration::from_secs(1)));
+    assert_eq!(linger(&["--changelog-linger", "0s"]), Ok(Duration::ZERO));
+    assert_eq!(
+        linger(&["--handoff-wait", "1s"]),
+        Ok(Duration::from_millis(500))
+    );
+    let long = linger(&["--changelog-linger", "10s"]).unwrap_err();
+    assert!(
+        long.contains("--changelog-linger") && long.contains("--handoff-wait (10s)"),
+        "{long}"
+    );
     let both = parse(&["--brokers", "k:9092", "--changelog", "--no-changelog"]).unwrap_err();
     assert!(both.contains("--no-changelog"), "{both}");
     let e = parse(&["--embedded-kafka", "--changelog"]).unwrap_err();

@@ -13,6 +13,9 @@ use kafka_delay_core::limit::Limits;
 use kafka_delay_core::record::{Contract, Reason};
 use kafka_delay_core::retry::{Policy, Retries};
 
+/// How long an ingested group lingers before it is written to the changelog, unless told.
+const DEFAULT_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// librdkafka properties the broker sets itself, and the flag to use instead.
 const OWNED_PROPERTIES: [(&str, &str); 9] = [
     ("bootstrap.servers", "--brokers"),
@@ -270,6 +273,21 @@ impl RunArgs {
                 "standby replicas tail the changelog: leave out --no-changelog, or leave it at 0",
             ));
         }
+        let changelog_linger = match c.changelog_linger {
+            Some(l) if l >= c.handoff_wait => {
+                return Err(ConfigError::invalid(
+                    "--changelog-linger",
+                    human(l),
+                    format!(
+                        "a revoke waits for the lingering groups at most --handoff-wait ({}): \
+                         make the linger shorter than that",
+                        human(c.handoff_wait)
+                    ),
+                ))
+            }
+            Some(l) => l,
+            None => DEFAULT_LINGER.min(c.handoff_wait / 2),
+        };
         Ok(ClusterConfig {
             changelog,
             changelog_replication: c.changelog_replication,
@@ -278,6 +296,7 @@ impl RunArgs {
             } else {
                 ValueCopy::Unless(c.changelog_copy_margin)
             },
+            changelog_linger,
             handoff_wait: c.handoff_wait,
             standby_replicas: c.standby_replicas,
             fast_takeover: !c.no_fast_takeover,

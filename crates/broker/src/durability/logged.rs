@@ -2,9 +2,15 @@
 //! its compacted changelog topic, so that the partition can move to another instance and a lost
 //! disk loses nothing. A group is safe once the changelog acknowledged it (then its offsets are
 //! stored and its records reach the wheel); a delivered record's tombstone follows its delete.
+//!
+//! With `--changelog-linger` (on by default), a group's records reach the wheel at once and the
+//! group is written only after the linger: a record that fired by then is left out of it and
+//! gets no tombstone ([`crate::changelog::unlogged`]). Until the group is written its source
+//! offsets are not stored, so a crash reads it again from the source topic.
 
 use std::collections::HashMap;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tracing::{error, warn};
 
@@ -14,21 +20,23 @@ use crate::changelog::group_entries;
 use crate::ingest::{Durable, Guard, OffsetCommit, Stored};
 use crate::publish::reports::Sent;
 use crate::publish::{Delivery, Publisher};
-use crate::store::{ReadMark, StoreError};
+use crate::store::{Applied, ReadMark, StoreError};
 use crate::BoxFuture;
 use kafka_delay_core::changelog::{Checkpoint, Entry};
-use kafka_delay_core::id::Pid;
+use kafka_delay_core::id::{Pid, RecordId};
 
 /// The changelog mode.
 #[derive(Debug)]
 pub struct Logged {
     grouped: Arc<Grouped>,
+    /// How long a group's records are in the wheel before the group is written (zero: none).
+    linger: Duration,
 }
 
 impl Logged {
-    /// Over the group's parts.
-    pub fn new(grouped: Arc<Grouped>) -> Self {
-        Self { grouped }
+    /// Over the group's parts, each group written `linger` after its records reach the wheel.
+    pub fn new(grouped: Arc<Grouped>, linger: Duration) -> Self {
+        Self { grouped, linger }
     }
 
     /// Writes what a group changed to the changelog, per source partition, and waits for it;
@@ -38,11 +46,22 @@ impl Logged {
     /// again until it works; `false` when stopping first.
     async fn log_changes(&self, group: Stored<'_, '_>) -> bool {
         let g = &self.grouped;
+        let unlogged = g.changelog().unlogged();
+        // A lingering group's entries are decided and handed to the producer in the order of
+        // the tombstones of its records that fired meanwhile.
+        let ordered = if self.linger.is_zero() {
+            None
+        } else {
+            Some(unlogged.ordered().await)
+        };
         let mut by_pid = group_entries(
             g.changelog(),
             (group.ops, group.stamps),
             group.applied,
             |pid| group.last.get(&pid).map(|&(topic, ..)| topic),
+            |pid, offset| {
+                ordered.is_none() || RecordId::new(pid, offset).is_some_and(|id| unlogged.take(id))
+            },
         );
         let mut writes = Vec::with_capacity(group.last.len());
         for (pid, &(topic, partition, offset)) in group.last.iter() {
@@ -51,6 +70,7 @@ impl Logged {
             let pending = g.changelog().enqueue(topic, partition, &entries).await;
             writes.push((*pid, topic, partition, offset, entries, pending));
         }
+        drop(ordered);
         for (pid, topic, partition, offset, entries, pending) in writes {
             let first = match pending {
                 Ok(p) => p.settled().await,
@@ -130,6 +150,16 @@ impl Durable for Logged {
     /// a revoke waits for the group in flight.
     fn in_flight(&self) -> Option<Guard> {
         Some(Box::new(self.grouped.handoff().owing()))
+    }
+
+    /// With a linger, the group's records go to the wheel now, noted as unlogged.
+    fn linger(&self, applied: &Applied) -> Option<Duration> {
+        if self.linger.is_zero() {
+            return None;
+        }
+        let unlogged = self.grouped.changelog().unlogged();
+        unlogged.note(applied.inserted.iter().map(|&(_, id)| id));
+        Some(self.linger)
     }
 
     fn offset_commit(&self) -> OffsetCommit {

@@ -358,7 +358,7 @@ impl Prepared {
                 tasks: Vec::new(),
             },
             Kind::Logged(g, movers) => {
-                let logged = Arc::new(Logged::new(g.clone()));
+                let logged = Arc::new(Logged::new(g.clone(), config.cluster.changelog_linger));
                 let mut tasks = movers.start(&cx, &config);
                 tasks.push(watch_values(&g, &store, &config, &cx));
                 Durability {

@@ -88,6 +88,13 @@ pub trait Durable: Send + Sync + std::fmt::Debug {
     fn in_flight(&self) -> Option<Guard> {
         None
     }
+    /// For a mode with [`Durable::in_flight`]: whether the group's records reach the wheel now,
+    /// before the group is made safe, and how long after that it is made safe (records that
+    /// fire meanwhile may need nothing written; the mode notes them here). `None`: the group
+    /// is made safe first. Asked once per group, after [`Durable::in_flight`].
+    fn linger(&self, _applied: &Applied) -> Option<Duration> {
+        None
+    }
     /// How source offsets reach the group.
     fn offset_commit(&self) -> OffsetCommit;
     /// Most records in one group.

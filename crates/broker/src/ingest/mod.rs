@@ -15,7 +15,8 @@
 //!
 //! Steps 3 to 5 run in the background, while the next group is read and stored (1 and 2), when
 //! the mode waits on the network for step 3 ([`Durable::in_flight`]; `safe`): one group at a time,
-//! in order.
+//! in order. Where the mode lingers ([`Durable::linger`]), step 5 comes first, at once, and steps
+//! 3 and 4 follow after the linger, group after group.
 //!
 //! A record below the offset already stored for its partition was ingested before a crash and
 //! is skipped. A RocksDB write failure (a full disk) pauses consumption and is retried; no
@@ -52,7 +53,7 @@ use crate::store::{Applied, IngestOp, Store};
 use kafka_delay_core::clock::Clock;
 use kafka_delay_core::id::Pid;
 use kafka_delay_core::record::{Command, Contract, HeaderRef, Incoming, Reject};
-use safe::{Finisher, InFlight, Taken};
+use safe::{Finisher, Pipeline, Taken};
 
 /// Longest wait for the commit of the stored offsets at shutdown. librdkafka's synchronous
 /// commit has no timeout of its own, and one was seen waiting forever (a CI run, with the mock
@@ -141,7 +142,7 @@ impl Ingest {
         // borrow this handle, not `self`, which processing them changes.
         let consumer = self.consumer.clone();
         let finisher = self.finisher();
-        let mut in_flight = None;
+        let mut in_flight = Pipeline::default();
         // Whether the consumer can still commit when the loop ends.
         let usable = loop {
             let first = tokio::select! {
@@ -174,11 +175,9 @@ impl Ingest {
                 break false;
             }
         };
-        // The group in flight ends before ingest does: it holds the store, which the shutdown
+        // The groups in flight end before ingest does: they hold the store, which the shutdown
         // closes once ingest has ended.
-        if let Some(last) = in_flight.take() {
-            self.next_offsets.extend(last.settled().await);
-        }
+        self.next_offsets.extend(in_flight.settle_all().await);
         if !usable {
             return;
         }
@@ -211,13 +210,13 @@ impl Ingest {
     }
 
     /// Interprets and stores `group`, then has `finisher` make it safe: here, or in the
-    /// background while the next group is read ([`safe`]), after the group `in_flight` before
+    /// background while the next group is read ([`safe`]), after the groups `in_flight` before
     /// it.
     async fn process(
         &mut self,
         group: Vec<BorrowedMessage<'_>>,
         finisher: &Finisher,
-        in_flight: &mut Option<InFlight>,
+        in_flight: &mut Pipeline,
     ) {
         if let Some(m) = group.first() {
             debug!(
@@ -230,9 +229,7 @@ impl Ingest {
         }
         let resumed = self.durability.resumed();
         self.next_offsets.extend(&resumed);
-        if let Some(group) = in_flight.as_mut() {
-            group.resumed(&resumed);
-        }
+        in_flight.resumed(&resumed);
         let now = self.clock.now_ms();
         let Interpreted {
             ops,
@@ -264,13 +261,11 @@ impl Ingest {
                 .collect(),
             dead,
         };
-        if let Some(before) = in_flight.take() {
-            self.next_offsets.extend(before.settled().await);
-        }
-        match self.durability.in_flight() {
-            Some(guard) => *in_flight = Some(finisher.spawn(taken, guard)),
-            None => self.next_offsets.extend(finisher.finish(taken, None).await),
-        }
+        let settled = match self.durability.in_flight() {
+            Some(guard) => in_flight.start(finisher, taken, guard).await,
+            None => finisher.finish(taken, None).await,
+        };
+        self.next_offsets.extend(settled);
     }
 
     /// What a group's last steps need (built once, when ingest starts).

@@ -2,17 +2,22 @@
 //! disk, its offsets are stored in the consumer, its records reach the wheel.
 //!
 //! Where the mode waits on the network for that (the changelog's acknowledgement), the steps run
-//! in the background while ingest reads and stores the next group: at most one group is in
-//! flight, groups become safe in the order they were stored, and a group's records reach the
-//! wheel only once it is safe. The guard the mode gives for it ([`Durable::in_flight`]), held
-//! until the group is safe, makes a revoke wait for it.
+//! in the background while ingest reads and stores the next groups ([`Pipeline`]): groups become
+//! safe in the order they were stored, and the guard the mode gives for each
+//! ([`Durable::in_flight`]), held until the group is safe, makes a revoke wait for it. Either
+//! - a group's records reach the wheel only once it is safe, and one group at a time is in
+//!   flight; or
+//! - where the mode lingers ([`Durable::linger`]), they reach the wheel at once, and the group
+//!   is made safe once the linger is over (at once when the broker stops), after the group
+//!   before it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use rdkafka::consumer::{Consumer, StreamConsumer};
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 use tokio::task::JoinHandle;
+use tokio::time::Instant;
 use tracing::{debug, error, warn};
 
 use super::{Durable, Guard, IngestContext, Last, OffsetCommit, Stored};
@@ -56,31 +61,36 @@ impl Finisher {
     /// Makes `group` safe (holding `guard` until then), stores its offsets and hands its
     /// records to the wheel: the next offset of each partition made safe (none when the mode
     /// did not make it safe).
-    pub(super) async fn finish(&self, group: Taken, guard: Option<Guard>) -> Settled {
-        let Taken {
-            ops,
-            stamps,
-            applied,
-            last: owned,
-            dead,
-        } = group;
-        let mut last: Last<'_> = owned
+    pub(super) async fn finish(&self, mut group: Taken, guard: Option<Guard>) -> Settled {
+        let settled = self.make_safe(&group, guard).await;
+        if !settled.is_empty() {
+            self.to_wheel(&mut group.applied).await;
+        }
+        settled
+    }
+
+    /// Makes `group` safe (holding `guard` until then) and stores its offsets: the next offset
+    /// of each partition made safe (none when the mode did not make it safe, and then it is
+    /// consumed again, here or by the partition's new owner).
+    async fn make_safe(&self, group: &Taken, guard: Option<Guard>) -> Settled {
+        let mut last: Last<'_> = group
+            .last
             .iter()
             .map(|(pid, (topic, partition, offset))| (*pid, (topic.as_str(), *partition, *offset)))
             .collect();
         let stored = Stored {
-            ops: &ops,
-            stamps: &stamps,
-            applied: &applied,
+            ops: &group.ops,
+            stamps: &group.stamps,
+            applied: &group.applied,
             last: &mut last,
-            dead: &dead,
+            dead: &group.dead,
             dead_letters: &self.dead_letters,
             stopping: self.stopping.as_ref(),
         };
         let safe = self.durability.after_store(stored).await;
         drop(guard);
         if !safe {
-            return Vec::new(); // not made safe: consumed again, here or by the new owner
+            return Vec::new();
         }
         let store_offsets = self.durability.offset_commit() == OffsetCommit::Consumer;
         let mut settled = Vec::with_capacity(last.len());
@@ -92,6 +102,11 @@ impl Finisher {
             }
             settled.push((pid, offset + 1));
         }
+        settled
+    }
+
+    /// Hands the group's new records to the wheel and counts what it did.
+    pub(super) async fn to_wheel(&self, applied: &mut Applied) {
         self.metrics.ingest.replaced.inc_by(applied.replaced as u64);
         self.metrics
             .ingest
@@ -101,25 +116,117 @@ impl Finisher {
             .pending
             .records
             .set(self.store.pending() as i64);
-        if !applied.inserted.is_empty()
-            && self
-                .scheduler
-                .send(Wake::Indexed(applied.inserted))
-                .await
-                .is_err()
-        {
+        let inserted = std::mem::take(&mut applied.inserted);
+        if !inserted.is_empty() && self.scheduler.send(Wake::Indexed(inserted)).await.is_err() {
             warn!("scheduler stopped; new records will be loaded from RocksDB at the next start");
         }
-        settled
     }
 
     /// Starts `group`'s last steps in the background, holding `guard` until it is safe.
-    pub(super) fn spawn(&self, group: Taken, guard: Guard) -> InFlight {
+    fn spawn(&self, group: Taken, guard: Guard) -> InFlight {
         let this = self.clone();
         InFlight {
             task: tokio::spawn(async move { this.finish(group, Some(guard)).await }),
             resumed: HashMap::new(),
         }
+    }
+
+    /// Makes `group`, whose records are in the wheel already, safe in the background at
+    /// `until` (or as soon as the broker stops), once `after` (the group before it) is safe;
+    /// `done` says when it is.
+    fn linger(
+        &self,
+        (group, guard): (Taken, Guard),
+        until: Instant,
+        after: Option<oneshot::Receiver<()>>,
+        done: oneshot::Sender<()>,
+    ) -> InFlight {
+        let this = self.clone();
+        let task = tokio::spawn(async move {
+            let stopping = async {
+                match this.stopping.clone() {
+                    Some(mut s) => drop(s.wait_for(|s| *s).await),
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::select! {
+                () = tokio::time::sleep_until(until) => {}
+                () = stopping => {}
+            }
+            if let Some(after) = after {
+                let _ = after.await; // the group before it is safe, or its task ended
+            }
+            let settled = this.make_safe(&group, Some(guard)).await;
+            let _ = done.send(());
+            settled
+        });
+        InFlight {
+            task,
+            resumed: HashMap::new(),
+        }
+    }
+}
+
+/// Most lingering groups in flight: ingest waits for the oldest beyond that.
+const MOST_LINGERING: usize = 4_096;
+
+/// The groups being made safe in the background, oldest first.
+#[derive(Debug, Default)]
+pub(super) struct Pipeline {
+    groups: VecDeque<InFlight>,
+    /// Says when the newest lingering group is safe.
+    newest: Option<oneshot::Receiver<()>>,
+}
+
+impl Pipeline {
+    /// Partitions restored meanwhile resume where their restore says, whatever the groups in
+    /// flight settle.
+    pub(super) fn resumed(&mut self, resumed: &HashMap<Pid, i64>) {
+        if !resumed.is_empty() {
+            for g in &mut self.groups {
+                g.resumed(resumed);
+            }
+        }
+    }
+
+    /// Waits for every group in flight: the next offsets they made safe, in order.
+    pub(super) async fn settle_all(&mut self) -> Settled {
+        let mut settled = Vec::new();
+        while let Some(g) = self.groups.pop_front() {
+            settled.extend(g.settled().await);
+        }
+        settled
+    }
+
+    /// Hands `group` on: made safe, its offsets stored and its records sent to the wheel,
+    /// in the background while ingest goes on: the next offsets of the groups before it that
+    /// are safe by now (all of them unless it lingers).
+    pub(super) async fn start(
+        &mut self,
+        finisher: &Finisher,
+        mut group: Taken,
+        guard: Guard,
+    ) -> Settled {
+        let Some(linger) = finisher.durability.linger(&group.applied) else {
+            let settled = self.settle_all().await;
+            self.groups.push_back(finisher.spawn(group, guard));
+            return settled;
+        };
+        finisher.to_wheel(&mut group.applied).await;
+        let mut settled = Vec::new();
+        while self.groups.len() >= MOST_LINGERING
+            || self.groups.front().is_some_and(|g| g.task.is_finished())
+        {
+            if let Some(g) = self.groups.pop_front() {
+                settled.extend(g.settled().await);
+            }
+        }
+        let (done, newest) = oneshot::channel();
+        let after = self.newest.replace(newest);
+        let until = Instant::now() + linger;
+        self.groups
+            .push_back(finisher.linger((group, guard), until, after, done));
+        settled
     }
 }
 

@@ -172,9 +172,13 @@ impl Exactly {
         valueless: &HashSet<usize>,
     ) -> (Work, Vec<Pid>) {
         let changelog = self.grouped.changelog();
-        let mut by_pid = group_entries(changelog, (ops, stamps), applied, |pid| {
-            last.get(&pid).map(|&(topic, ..)| topic)
-        });
+        let mut by_pid = group_entries(
+            changelog,
+            (ops, stamps),
+            applied,
+            |pid| last.get(&pid).map(|&(topic, ..)| topic),
+            |_, _| true,
+        );
         let mut work = Work::default();
         let mut partitions = Vec::new();
         for (pid, &(topic, partition, offset)) in last {
