@@ -8,8 +8,10 @@
 //!
 //! Every change reaches RocksDB first and the changelog second: ingest stores a group, writes
 //! it to the changelog, waits for the acknowledgement, and only then stores the source offsets
-//! for commit and hands the records to the scheduler. A delete after delivery writes a
-//! tombstone. See [`restore`] for the way back.
+//! for commit. The group's records reach the scheduler after that acknowledgement, or, with a
+//! linger, at once, and then a record that fires before its group is written gets neither an
+//! entry nor a tombstone ([`unlogged`]). A delete after delivery writes a tombstone. See
+//! [`restore`] for the way back.
 //!
 //! Partitions changing owner go through three roles that share [`moving::Moving`] (what is
 //! being restored or caught up here): the rebalance callback ([`handoff::Handoff`]), the restore
