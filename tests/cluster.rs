@@ -83,16 +83,29 @@ async fn wait_shared(instances: &[&Instance], n: u64, logs: &Path) {
 }
 
 /// Waits until the instances hold `n` pending records between them in the partitions they
-/// own.
+/// own, each in the changelog too (none of them lingering: `--changelog-linger`).
 async fn wait_pending_all(instances: &[&Instance], n: u64, logs: &Path) {
+    wait_held(instances, n, logs, true).await;
+}
+
+/// Waits until the instances hold `n` pending records between them in the partitions they
+/// own, and, when `logged`, none of them waits for the changelog (`--changelog-linger`).
+async fn wait_held(instances: &[&Instance], n: u64, logs: &Path, logged: bool) {
     wait_for(&format!("{n} in all"), logs, async || {
-        let mut held = Vec::new();
+        let (mut held, mut lingering) = (Vec::new(), Vec::new());
         for i in instances {
             held.push(pending(i).await);
+            lingering.push(lingering_records(i).await);
         }
-        (held.iter().sum::<u64>() != n).then(|| format!("pending {held:?}"))
+        (held.iter().sum::<u64>() != n || logged && lingering.iter().any(|l| *l > 0))
+            .then(|| format!("pending {held:?}, not yet in the changelog {lingering:?}"))
     })
     .await;
+}
+
+/// Records in `i`'s wheel whose group is not in the changelog yet.
+async fn lingering_records(i: &Instance) -> u64 {
+    gauge(i, "kafka_delay_changelog_lingering_records").await
 }
 
 /// Produces `r{i}` for i in 0..n, due at `due(i)`, to partition `i % partitions`, waiting for
@@ -303,7 +316,11 @@ fn exit_code(mut i: Instance, log: &std::path::Path) -> Option<i32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_a_data_dir_wiped_after_kill_9_is_restored_from_the_changelog() {
-    let result = wiped_after_kill_9(&[]).await;
+    let (result, lingering) = wiped_after_kill_9(&[]).await;
+    assert_eq!(
+        lingering, 0,
+        "every record was in the changelog at the kill"
+    );
     assert!(result.all_once_never_early(), "{result:?}");
 }
 
@@ -311,7 +328,7 @@ async fn apache_kafka_a_data_dir_wiped_after_kill_9_is_restored_from_the_changel
 /// (the test above would see it, and the changelog is what keeps them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_without_the_changelog_a_data_dir_wiped_after_kill_9_loses_its_records() {
-    let result = wiped_after_kill_9(&["--no-changelog"]).await;
+    let (result, _) = wiped_after_kill_9(&["--no-changelog"]).await;
     assert_eq!(
         (result.lost.len(), result.duplicates, result.early),
         (300, 0, 0),
@@ -324,7 +341,8 @@ async fn apache_kafka_without_the_changelog_a_data_dir_wiped_after_kill_9_loses_
 /// the source topic.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_a_data_dir_wiped_within_the_changelog_linger_loses_nothing() {
-    let result = wiped_after_kill_9(&["--changelog-linger", "8s"]).await;
+    let (result, lingering) = wiped_after_kill_9(&["--changelog-linger", "8s"]).await;
+    assert_eq!(lingering, 300, "every record lingered at the kill");
     assert!(result.all_once_never_early(), "{result:?}");
 }
 
@@ -406,8 +424,9 @@ async fn changelog_writes(kafka: &Kafka, t: &Topics) -> (u64, u64) {
 
 /// 300 records pending on one instance run with `flags`, which is then SIGKILLed and its data
 /// directory deleted before it starts again: what reached the target within 20 s after the
-/// last was due.
-async fn wiped_after_kill_9(flags: &[&str]) -> Tally {
+/// last was due, and how many records lingered (not yet in the changelog) at the kill. The
+/// kill comes once the changelog has every record, unless `flags` set a linger.
+async fn wiped_after_kill_9(flags: &[&str]) -> (Tally, u64) {
     let kafka = Kafka::start();
     let t = topics(&kafka, 2).await;
     let (data, logs) = (TempDir::new().unwrap(), TempDir::new().unwrap());
@@ -423,10 +442,12 @@ async fn wiped_after_kill_9(flags: &[&str]) -> Tally {
     const N: u64 = 300;
     let base = now_ms() + 12_000;
     let dues = produce_due(&kafka, &t, N, 2, |i| base + i * 10).await;
-    wait_pending_all(&[&a], N, logs.path()).await;
+    let lingers = flags.contains(&"--changelog-linger");
+    wait_held(&[&a], N, logs.path(), !lingers).await;
     // Past the consumer's auto-commit interval: Kafka's committed offsets are past the 300, so
     // consuming the source again cannot bring them back.
     tokio::time::sleep(Duration::from_secs(3)).await;
+    let lingering = lingering_records(&a).await;
 
     // The disk is lost with the process: nothing of the 300 is left on this machine.
     drop(a);
@@ -444,7 +465,7 @@ async fn wiped_after_kill_9(flags: &[&str]) -> Tally {
         eprintln!("{}", logs_tail(logs.path()));
     }
     drop(a);
-    result
+    (result, lingering)
 }
 
 /// A consumer of the group `t`'s instances join, as member `instance`, holding on until

@@ -12,6 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
+use prometheus::IntGauge;
 use tracing::{error, warn};
 
 use super::grouped::Grouped;
@@ -31,12 +32,25 @@ pub struct Logged {
     grouped: Arc<Grouped>,
     /// How long a group's records are in the wheel before the group is written (zero: none).
     linger: Duration,
+    /// How many records are in the wheel and not yet in the changelog.
+    lingering: IntGauge,
 }
 
 impl Logged {
-    /// Over the group's parts, each group written `linger` after its records reach the wheel.
-    pub fn new(grouped: Arc<Grouped>, linger: Duration) -> Self {
-        Self { grouped, linger }
+    /// Over the group's parts, each group written `linger` after its records reach the wheel;
+    /// `lingering` shows how many records wait for that.
+    pub fn new(grouped: Arc<Grouped>, linger: Duration, lingering: IntGauge) -> Self {
+        Self {
+            grouped,
+            linger,
+            lingering,
+        }
+    }
+
+    /// Shows how many records are in the wheel and not yet in the changelog.
+    fn count_lingering(&self) {
+        let unlogged = self.grouped.changelog().unlogged();
+        self.lingering.set(unlogged.len() as i64);
     }
 
     /// Writes what a group changed to the changelog, per source partition, and waits for it;
@@ -49,7 +63,7 @@ impl Logged {
         let unlogged = g.changelog().unlogged();
         // A lingering group's entries are decided and handed to the producer in the order of
         // the tombstones of its records that fired meanwhile.
-        let ordered = if self.linger.is_zero() {
+        let mut ordered = if self.linger.is_zero() {
             None
         } else {
             Some(unlogged.ordered().await)
@@ -70,7 +84,9 @@ impl Logged {
             let pending = g.changelog().enqueue(topic, partition, &entries).await;
             writes.push((*pid, topic, partition, offset, entries, pending));
         }
-        drop(ordered);
+        if ordered.take().is_some() {
+            self.count_lingering();
+        }
         for (pid, topic, partition, offset, entries, pending) in writes {
             let first = match pending {
                 Ok(p) => p.settled().await,
@@ -159,6 +175,7 @@ impl Durable for Logged {
         }
         let unlogged = self.grouped.changelog().unlogged();
         unlogged.note(applied.inserted.iter().map(|&(_, id)| id));
+        self.count_lingering();
         Some(self.linger)
     }
 
@@ -188,6 +205,9 @@ impl Delivery for Logged {
             g.changelog()
                 .gone(g.store(), done.iter().map(|s| s.id))
                 .await;
+            if !self.linger.is_zero() {
+                self.count_lingering();
+            }
             h.paid();
         })
     }

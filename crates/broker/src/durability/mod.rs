@@ -358,7 +358,11 @@ impl Prepared {
                 tasks: Vec::new(),
             },
             Kind::Logged(g, movers) => {
-                let logged = Arc::new(Logged::new(g.clone(), config.cluster.changelog_linger));
+                let logged = Arc::new(Logged::new(
+                    g.clone(),
+                    config.cluster.changelog_linger,
+                    metrics.broker.changelog_lingering.clone(),
+                ));
                 let mut tasks = movers.start(&cx, &config);
                 tasks.push(watch_values(&g, &store, &config, &cx));
                 Durability {

@@ -306,6 +306,8 @@ pub struct BrokerMetrics {
     pub standby_records: IntGauge,
     /// Changelog entries the copies were behind when they last caught up.
     pub standby_lag: IntGauge,
+    /// Records in the wheel whose ingest group is not written to the changelog yet.
+    pub changelog_lingering: IntGauge,
     /// Members removed from the group by this instance because they were gone.
     pub members_removed: IntCounter,
     /// Records still in flight when their partition was let go: they may fire again.
@@ -372,6 +374,11 @@ impl BrokerMetrics {
             standby_lag: r.gauge(
                 "kafka_delay_standby_lag_entries",
                 "Changelog entries the warm copies were behind when they last caught up.",
+            )?,
+            changelog_lingering: r.gauge(
+                "kafka_delay_changelog_lingering_records",
+                "Records in the timing wheel whose ingest group is not in the changelog yet \
+                 (--changelog-linger): a crash now reads them again from their source topic.",
             )?,
             handoff_unsettled: r.counter(
                 "kafka_delay_handoff_unsettled_records_total",
