@@ -322,6 +322,9 @@ pub struct BrokerMetrics {
 }
 
 /// `kafka_delay_group_members_removed_total`'s help.
+const LINGERING: &str = "Records in the timing wheel whose ingest group is not in the \
+                         changelog yet (--changelog-linger): a crash now reads them again from \
+                         their source topic.";
 const REMOVED: &str = "Members this instance removed from the group because their HTTP server \
                        refused connections (a killed instance).";
 
@@ -375,11 +378,7 @@ impl BrokerMetrics {
                 "kafka_delay_standby_lag_entries",
                 "Changelog entries the warm copies were behind when they last caught up.",
             )?,
-            changelog_lingering: r.gauge(
-                "kafka_delay_changelog_lingering_records",
-                "Records in the timing wheel whose ingest group is not in the changelog yet \
-                 (--changelog-linger): a crash now reads them again from their source topic.",
-            )?,
+            changelog_lingering: r.gauge("kafka_delay_changelog_lingering_records", LINGERING)?,
             handoff_unsettled: r.counter(
                 "kafka_delay_handoff_unsettled_records_total",
                 "Records still in flight when their partition was let go (after --handoff-wait): \
