@@ -182,8 +182,8 @@ pub struct ClusterArgs {
     /// is written, so after a crash the group is read again from its source topic (records
     /// that fired within the linger may fire again; none is lost). A revoke waits for the
     /// lingering groups. 0 writes every record to the changelog before it can fire. Less than
-    /// --handoff-wait; ignored with --exactly-once. [default: 1s, or half of --handoff-wait if
-    /// that is less]
+    /// --handoff-wait; not with --no-changelog or --exactly-once. [default: 1s, or half of
+    /// --handoff-wait if that is less]
     #[arg(long, env = "KAFKA_DELAY_CHANGELOG_LINGER", value_parser = duration)]
     pub changelog_linger: Option<Duration>,
     /// When a partition is revoked, how long its deliveries in flight may take to finish

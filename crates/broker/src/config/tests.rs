@@ -316,6 +316,23 @@ fn the_changelog_is_the_default_on_a_cluster_and_its_flags_are_checked() {
         long.contains("--changelog-linger") && long.contains("--handoff-wait (10s)"),
         "{long}"
     );
+    for (flags, names) in [
+        (&["--no-changelog"][..], "--no-changelog"),
+        (
+            &["--exactly-once", "--instance-id", "a"][..],
+            "--exactly-once",
+        ),
+    ] {
+        let mut with = vec!["--changelog-linger", "2s"];
+        with.extend_from_slice(flags);
+        let refused = linger(&with).unwrap_err();
+        assert!(
+            refused.contains("--changelog-linger") && refused.contains(names),
+            "{refused}"
+        );
+        // Unless set, the linger needs no flag to go with these modes.
+        assert!(linger(flags).is_ok(), "{flags:?}");
+    }
     let both = parse(&["--brokers", "k:9092", "--changelog", "--no-changelog"]).unwrap_err();
     assert!(both.contains("--no-changelog"), "{both}");
     let e = parse(&["--embedded-kafka", "--changelog"]).unwrap_err();

@@ -1,6 +1,8 @@
 //! [`RunArgs::validate`]: the rules between flags, checked once at start, turning the flags into
 //! a [`Config`] whose parts are ready to use (regexes compiled, topics checked).
 
+use std::time::Duration;
+
 use regex::Regex;
 
 use super::args::{LogFormat, RunArgs};
@@ -14,7 +16,7 @@ use kafka_delay_core::record::{Contract, Reason};
 use kafka_delay_core::retry::{Policy, Retries};
 
 /// How long an ingested group lingers before it is written to the changelog, unless told.
-const DEFAULT_LINGER: std::time::Duration = std::time::Duration::from_secs(1);
+const DEFAULT_LINGER: Duration = Duration::from_secs(1);
 
 /// librdkafka properties the broker sets itself, and the flag to use instead.
 const OWNED_PROPERTIES: [(&str, &str); 9] = [
@@ -273,21 +275,7 @@ impl RunArgs {
                 "standby replicas tail the changelog: leave out --no-changelog, or leave it at 0",
             ));
         }
-        let changelog_linger = match c.changelog_linger {
-            Some(l) if l >= c.handoff_wait => {
-                return Err(ConfigError::invalid(
-                    "--changelog-linger",
-                    human(l),
-                    format!(
-                        "a revoke waits for the lingering groups at most --handoff-wait ({}): \
-                         make the linger shorter than that",
-                        human(c.handoff_wait)
-                    ),
-                ))
-            }
-            Some(l) => l,
-            None => DEFAULT_LINGER.min(c.handoff_wait / 2),
-        };
+        let changelog_linger = self.changelog_linger(changelog)?;
         Ok(ClusterConfig {
             changelog,
             changelog_replication: c.changelog_replication,
@@ -304,6 +292,37 @@ impl RunArgs {
             transaction_records: c.transaction_records,
             transaction_interval: c.transaction_interval,
         })
+    }
+
+    /// How long ingested groups linger before the changelog has them: less than a revoke's
+    /// wait, and only where there is a changelog that ingest writes outside a transaction.
+    fn changelog_linger(&self, changelog: Changelog) -> Result<Duration, ConfigError> {
+        let c = &self.cluster;
+        let Some(linger) = c.changelog_linger else {
+            return Ok(DEFAULT_LINGER.min(c.handoff_wait / 2));
+        };
+        let why = if matches!(changelog, Changelog::Off | Changelog::Embedded) {
+            "groups linger before they are written to the changelog: leave out --no-changelog, \
+             or leave out --changelog-linger"
+                .to_owned()
+        } else if c.exactly_once {
+            "with --exactly-once a group's changelog entries commit with its offsets in one \
+             transaction, without a linger: leave out --changelog-linger"
+                .to_owned()
+        } else if linger >= c.handoff_wait {
+            format!(
+                "a revoke waits for the lingering groups at most --handoff-wait ({}): make the \
+                 linger shorter than that",
+                human(c.handoff_wait)
+            )
+        } else {
+            return Ok(linger);
+        };
+        Err(ConfigError::invalid(
+            "--changelog-linger",
+            human(linger),
+            why,
+        ))
     }
 
     /// With --exactly-once: the transactional id, `<group-id>-<instance-id>`, the same across
@@ -328,9 +347,7 @@ impl RunArgs {
         if c.transaction_records == 0 {
             return Err(at_least("--transaction-records", "1", 0));
         }
-        if c.transaction_interval.is_zero()
-            || c.transaction_interval > std::time::Duration::from_secs(10)
-        {
+        if c.transaction_interval.is_zero() || c.transaction_interval > Duration::from_secs(10) {
             return Err(ConfigError::invalid(
                 "--transaction-interval",
                 human(c.transaction_interval),
