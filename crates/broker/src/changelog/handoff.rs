@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::{BaseConsumer, Consumer, ConsumerContext};
 use rdkafka::TopicPartitionList;
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 
 use super::moving::{blocking, Moving};
@@ -49,6 +49,8 @@ pub struct Handoff {
     first_seen: AtomicBool,
     /// Delete-after-delivery tombstones not yet handed to the changelog's producer.
     owed: AtomicUsize,
+    /// Counts revokes: a lingering ingest group is written at once when it changes.
+    revokes: watch::Sender<u64>,
 }
 
 /// Changelog writes owed while it lives ([`Handoff::owing`]).
@@ -75,8 +77,15 @@ impl Handoff {
             stopping: AtomicBool::new(false),
             first_seen: AtomicBool::new(false),
             owed: AtomicUsize::new(0),
+            revokes: watch::Sender::new(0),
         };
         (h, Events(rx))
+    }
+
+    /// Changes when a revoke starts: the groups ingest lets linger before the changelog has
+    /// them, which the revoke waits for, are written at once then.
+    pub fn revokes(&self) -> watch::Receiver<u64> {
+        self.revokes.subscribe()
     }
 
     /// From now on a revoke keeps the local state (the process is stopping).
@@ -180,6 +189,7 @@ impl Handoff {
             m.store.disown(*pid);
         }
         m.count_restoring();
+        self.revokes.send_modify(|n| *n += 1);
         let wait = m.config.cluster.handoff_wait;
         let started = Instant::now();
         let settled = || {
@@ -258,5 +268,34 @@ mod tests {
         revoked
             .recv_timeout(Duration::from_secs(5))
             .expect("the revoke ends once the group is acknowledged");
+    }
+
+    #[test]
+    fn a_revoke_tells_the_lingering_groups_it_waits_for_to_be_written_now() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = handoff(dir.path());
+        // A group lingering before the changelog has it (`Durable::linger`).
+        let revokes = h.revokes();
+        let owing = h.owing();
+        let (done, revoked) = mpsc::channel();
+        let revoking = h.clone();
+        std::thread::spawn(move || {
+            let mut tpl = TopicPartitionList::new();
+            tpl.add_partition("delay.a", 0);
+            revoking.on_revoke(&tpl);
+            let _ = done.send(());
+        });
+        let asked = Instant::now();
+        while !revokes.has_changed().unwrap() {
+            assert!(
+                asked.elapsed() < Duration::from_secs(2),
+                "the revoke waits for a lingering group without telling it"
+            );
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        drop(owing);
+        revoked
+            .recv_timeout(Duration::from_secs(5))
+            .expect("the revoke ends once the group is written");
     }
 }

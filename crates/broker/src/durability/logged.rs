@@ -179,6 +179,11 @@ impl Durable for Logged {
         Some(self.linger)
     }
 
+    /// A revoke: it waits for the lingering groups.
+    fn hurry(&self) -> Option<tokio::sync::watch::Receiver<u64>> {
+        Some(self.grouped.handoff().revokes())
+    }
+
     fn offset_commit(&self) -> OffsetCommit {
         OffsetCommit::Consumer
     }

@@ -95,6 +95,11 @@ pub trait Durable: Send + Sync + std::fmt::Debug {
     fn linger(&self, _applied: &Applied) -> Option<Duration> {
         None
     }
+    /// For a mode that lingers: changes when the lingering groups are to be made safe at once
+    /// (a revoke waits for them).
+    fn hurry(&self) -> Option<watch::Receiver<u64>> {
+        None
+    }
     /// How source offsets reach the group.
     fn offset_commit(&self) -> OffsetCommit;
     /// Most records in one group.

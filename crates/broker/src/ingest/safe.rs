@@ -132,8 +132,8 @@ impl Finisher {
     }
 
     /// Makes `group`, whose records are in the wheel already, safe in the background at
-    /// `until` (or as soon as the broker stops), once `after` (the group before it) is safe;
-    /// `done` says when it is.
+    /// `until` (or as soon as the broker stops or the mode hurries), once `after` (the group
+    /// before it) is safe; `done` says when it is.
     fn linger(
         &self,
         (group, guard): (Taken, Guard),
@@ -142,6 +142,7 @@ impl Finisher {
         done: oneshot::Sender<()>,
     ) -> InFlight {
         let this = self.clone();
+        let hurry = self.durability.hurry();
         let task = tokio::spawn(async move {
             let stopping = async {
                 match this.stopping.clone() {
@@ -149,9 +150,19 @@ impl Finisher {
                     None => std::future::pending().await,
                 }
             };
+            let hurried = async {
+                let changed = match hurry {
+                    Some(mut h) => h.changed().await.is_ok(),
+                    None => false,
+                };
+                if !changed {
+                    std::future::pending::<()>().await;
+                }
+            };
             tokio::select! {
                 () = tokio::time::sleep_until(until) => {}
                 () = stopping => {}
+                () = hurried => {}
             }
             if let Some(after) = after {
                 let _ = after.await; // the group before it is safe, or its task ended
