@@ -331,6 +331,15 @@ async fn held(port: u16) -> (u64, u64) {
     )
 }
 
+/// Source partitions the instance on `port` fires (0 while it does not answer).
+async fn owned_by(port: u16) -> u64 {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    common::http_get_at(addr, "/metrics")
+        .await
+        .and_then(|(_, body)| common::metric(&body, "kafka_delay_partitions_owned"))
+        .unwrap_or(0.0) as u64
+}
+
 /// Two instances with transactions that time out only after 60 s; one dies with a transaction
 /// open on its changelog partitions (the `before-commit` failpoint aborts it there). The other
 /// removes it from the group and takes its partitions, whose restore reads up to the last
@@ -373,6 +382,17 @@ async fn apache_kafka_exactly_once_a_survivor_fences_the_open_transaction_of_an_
         &flags,
         a_logged,
     );
+    // a is handed partitions (or dies at the probe of its first restore) before the records
+    // come: b alone could otherwise ingest them all, and leave a no transaction to die in.
+    let joined = std::time::Instant::now() + Duration::from_secs(90);
+    while a.0.try_wait().unwrap().is_none() && owned_by(a_port).await == 0 {
+        assert!(
+            std::time::Instant::now() < joined,
+            "a was handed no partition in 90 s\n{}",
+            logs_tail(logs.path())
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     // a's first transaction (its first ingest, or the probe of its first restore) aborts it.
     let due = common::now_ms() + 600_000;
     common::produce_numbered(
