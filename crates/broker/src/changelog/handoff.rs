@@ -246,12 +246,8 @@ mod tests {
         Arc::new(Handoff::new(moving).0)
     }
 
-    #[test]
-    fn a_revoke_waits_for_the_changelog_writes_owed_until_they_are_paid() {
-        let dir = tempfile::tempdir().unwrap();
-        let h = handoff(dir.path());
-        // An ingest group waiting for the changelog's acknowledgement (`Durable::in_flight`).
-        let owing = h.owing();
+    /// Revokes partition `delay.a`/0 on a thread of its own: the receiver hears when it ends.
+    fn revoke(h: &Arc<Handoff>) -> mpsc::Receiver<()> {
         let (done, revoked) = mpsc::channel();
         let revoking = h.clone();
         std::thread::spawn(move || {
@@ -260,6 +256,16 @@ mod tests {
             revoking.on_revoke(&tpl);
             let _ = done.send(());
         });
+        revoked
+    }
+
+    #[test]
+    fn a_revoke_waits_for_the_changelog_writes_owed_until_they_are_paid() {
+        let dir = tempfile::tempdir().unwrap();
+        let h = handoff(dir.path());
+        // An ingest group waiting for the changelog's acknowledgement (`Durable::in_flight`).
+        let owing = h.owing();
+        let revoked = revoke(&h);
         assert!(
             revoked.recv_timeout(Duration::from_millis(500)).is_err(),
             "the partition was let go while a group still owed its changelog writes"
@@ -277,14 +283,7 @@ mod tests {
         // A group lingering before the changelog has it (`Durable::linger`).
         let revokes = h.revokes();
         let owing = h.owing();
-        let (done, revoked) = mpsc::channel();
-        let revoking = h.clone();
-        std::thread::spawn(move || {
-            let mut tpl = TopicPartitionList::new();
-            tpl.add_partition("delay.a", 0);
-            revoking.on_revoke(&tpl);
-            let _ = done.send(());
-        });
+        let revoked = revoke(&h);
         let asked = Instant::now();
         while !revokes.has_changed().unwrap() {
             assert!(
