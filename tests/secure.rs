@@ -995,5 +995,57 @@ async fn three_instances_through_faults(mode: Mode) {
         stray,
         "only the strays are dead letters"
     );
+
+    // Last, a is killed while a broker that is not the group's coordinator is cut off from the
+    // instances: b and c ask the coordinator alone for the group's members, find a's HTTP port
+    // refusing and remove it from the group. (A group listing that waits for every broker's
+    // answer waits out its timeout instead, a's session runs out first, and nothing is
+    // counted.)
+    let node = {
+        let probe: StreamConsumer = client(cluster, "admin").create().unwrap();
+        let group = format!("g-secure-{t}");
+        let coordinator = leader_of(&probe, "__consumer_offsets", offsets_partition(&group));
+        *partitions.keys().find(|n| **n != coordinator).unwrap()
+    };
+    let survivors: Vec<u16> = instances[1..].iter().map(|(_, port)| *port).collect();
+    let before = removals(&survivors).await;
+    let mut partition = partitions.remove(&node).unwrap();
+    tokio::task::block_in_place(|| partition.cut(true));
+    drop(instances.remove(0));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut removed = removals(&survivors).await - before;
+    while removed < 1.0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        removed = removals(&survivors).await - before;
+    }
+    tokio::task::block_in_place(|| partition.cut(false));
+    assert_eq!(
+        removed, 1.0,
+        "b and c did not remove the killed a while broker {node} was cut off ({mode:?})"
+    );
     drop(instances);
+}
+
+/// The members the instances at `ports` removed from the group, all told.
+async fn removals(ports: &[u16]) -> f64 {
+    let mut n = 0.0;
+    for port in ports {
+        let at = std::net::SocketAddr::from(([127, 0, 0, 1], *port));
+        let (_, body) = common::http_get(at, "/metrics").await;
+        n += common::metric(&body, "kafka_delay_group_members_removed_total").unwrap_or(0.0);
+    }
+    n
+}
+
+/// The partition of `__consumer_offsets` whose leader coordinates `group` (Kafka's
+/// `Utils.abs(group.hashCode()) % offsets.topic.num.partitions`, 10 in this cluster).
+fn offsets_partition(group: &str) -> i32 {
+    let hash = group
+        .encode_utf16()
+        .fold(0i32, |h, c| h.wrapping_mul(31).wrapping_add(i32::from(c)));
+    if hash == i32::MIN {
+        0
+    } else {
+        hash.abs() % 10
+    }
 }

@@ -15,6 +15,10 @@
 //! coordinator like one whose session ran out, rejoins and loses nothing: a removal is never
 //! less safe than the session running out, only sooner.
 //!
+//! The group is described by its coordinator alone ([`super::coordinator`]), not by asking
+//! every broker: with a broker down (the host that ran the killed member may have run one too),
+//! a describe that waits for every broker never answers in time.
+//!
 //! The decisions are pure ([`watched`], [`Suspects::observe`]); [`Departed::run`] does the
 //! describing, probing and removing.
 
@@ -25,7 +29,8 @@ use std::time::{Duration, Instant};
 
 use tracing::{info, warn};
 
-use super::leave::{self, code};
+use super::coordinator::Coordinator;
+use super::leave::code;
 use super::moving::Moving;
 use super::owners::{self, Peer};
 use crate::wire::{Security, WireError};
@@ -36,6 +41,9 @@ const EVERY: Duration = Duration::from_millis(250);
 const PROBE_TIMEOUT: Duration = Duration::from_millis(250);
 /// Refused probes in a row that make a member gone.
 const REFUSALS: u32 = 2;
+/// Longest each step of a request to the coordinator (connecting, TLS, SASL, its answer) is
+/// waited for.
+const ASK_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A member whose HTTP server can be probed.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -131,6 +139,11 @@ impl Suspects {
     }
 }
 
+/// The coordinator, whoever held its lock last having panicked or not.
+fn lock(c: &Mutex<Coordinator>) -> std::sync::MutexGuard<'_, Coordinator> {
+    c.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
 /// Whether nothing listens at `at`: its host refuses the connection.
 fn refuses(at: SocketAddr) -> bool {
     matches!(
@@ -183,12 +196,16 @@ impl Departed {
     /// Probes and removes until `stop` (returns at once when the removal is off: [`security`]).
     pub async fn run(self, mut stop: tokio::sync::watch::Receiver<bool>) {
         let security = match security(&self.moving.config) {
-            Ok(s) => Arc::new(s),
+            Ok(s) => s,
             Err(why) => {
                 warn!(why, "killed members are not removed from the group: their partitions move when their session runs out");
                 return;
             }
         };
+        let c = &self.moving.config;
+        let coordinator =
+            Coordinator::new(security, &c.kafka.brokers, &c.kafka.group_id, ASK_TIMEOUT);
+        let coordinator = Arc::new(Mutex::new(coordinator));
         let this = Arc::new(self);
         let mut suspects = Suspects::default();
         let mut failures = 0u32;
@@ -197,8 +214,8 @@ impl Departed {
                 _ = stop.wait_for(|s| *s) => return,
                 () = tokio::time::sleep(EVERY) => {}
             }
-            let d = this.clone();
-            let round = tokio::task::spawn_blocking(move || d.probe());
+            let (d, c) = (this.clone(), coordinator.clone());
+            let round = tokio::task::spawn_blocking(move || d.probe(&mut lock(&c)));
             let round = match round.await {
                 Ok(Ok(round)) => round,
                 Ok(Err(e)) => {
@@ -212,13 +229,15 @@ impl Departed {
             };
             failures = 0;
             for gone in suspects.observe(&round) {
-                let (d, s) = (this.clone(), security.clone());
+                let (d, c) = (this.clone(), coordinator.clone());
                 let w = gone.clone();
-                match tokio::task::spawn_blocking(move || d.remove(&s, &w)).await {
+                match tokio::task::spawn_blocking(move || d.remove(&mut lock(&c), &w)).await {
                     Ok(Ok(())) => suspects.removed(&gone.member_id),
                     Ok(Err(WireError::Kafka { code, .. }))
                         if code == code::UNKNOWN_MEMBER_ID || code == code::FENCED_INSTANCE_ID =>
                     {
+                        info!(member = gone.member_id, code,
+                              "a gone member had left the group already (its session ran out, or its instance started again)");
                         suspects.removed(&gone.member_id);
                     }
                     Ok(Err(e)) => {
@@ -231,10 +250,8 @@ impl Departed {
     }
 
     /// The group's members this instance can probe, each with whether it refused. Blocking.
-    fn probe(&self) -> Result<Vec<(Watched, bool)>, super::GroupError> {
-        let m = &self.moving;
-        let client = rdkafka::producer::Producer::client(m.changelog.producer());
-        let members = owners::members(client, &m.config.kafka.group_id)?;
+    fn probe(&self, coordinator: &mut Coordinator) -> Result<Vec<(Watched, bool)>, WireError> {
+        let members = coordinator.members()?;
         let mut cache = self.resolved.lock().unwrap_or_else(PoisonError::into_inner);
         let now = Instant::now();
         cache.retain(|_, (at, addrs)| {
@@ -293,11 +310,10 @@ impl Departed {
     }
 
     /// Removes `w` from the group. Blocking.
-    fn remove(&self, security: &Security, w: &Watched) -> Result<(), WireError> {
+    fn remove(&self, coordinator: &mut Coordinator, w: &Watched) -> Result<(), WireError> {
         let c = &self.moving.config;
         let group = c.kafka.group_id.as_str();
-        let member = (w.member_id.as_str(), w.instance_id.as_deref());
-        leave::remove(security, &c.kafka.brokers, group, member)?;
+        coordinator.remove(&w.member_id, w.instance_id.as_deref())?;
         self.moving.metrics.broker.members_removed.inc();
         warn!(
             group,

@@ -7,19 +7,16 @@
 //! every Kafka since 2.4 and still by 4.x.
 //!
 //! Encoding and decoding are pure ([`find_coordinator`], [`leave_group`], [`coordinator_of`],
-//! [`left`]); [`remove`] does the I/O.
+//! [`left`]); [`coordinator`] connects, [`super::coordinator::Coordinator`] asks.
 
 use std::time::Duration;
 
-use crate::wire::{compact_str, framed, header, uvarint, Reader, Security, WireError};
+use crate::wire::{compact_str, framed, header, uvarint, Conn, Reader, Security, WireError};
 
 /// FindCoordinator's API key.
 const FIND_COORDINATOR: i16 = 10;
 /// LeaveGroup's API key.
 const LEAVE_GROUP: i16 = 13;
-/// Longest each step (connecting, TLS, SASL, an answer) is waited for.
-const TIMEOUT: Duration = Duration::from_secs(5);
-
 /// Kafka's error codes these requests meet.
 pub mod code {
     /// The member was not in the group (it left, or its session ran out, already).
@@ -28,31 +25,26 @@ pub mod code {
     pub const FENCED_INSTANCE_ID: i16 = 82;
 }
 
-/// Removes `member_id` (the static member of `instance_id`, if it is one) from `group`,
-/// asking the bootstrap servers `brokers` (comma-separated `host:port`, a `SCHEME://` before
-/// each allowed) for its coordinator. Blocking.
+/// A connection to `group`'s coordinator, found by asking the bootstrap servers `brokers`
+/// (comma-separated `host:port`, a `SCHEME://` before each allowed) in turn; `timeout` bounds
+/// each step. Blocking.
 ///
 /// # Errors
-/// No broker answered, the coordinator refused (including [`code::UNKNOWN_MEMBER_ID`] and
-/// [`code::FENCED_INSTANCE_ID`] for a member that is already gone or replaced).
-pub fn remove(
+/// No bootstrap server named the coordinator, or the coordinator could not be reached.
+pub fn coordinator(
     security: &Security,
     brokers: &str,
     group: &str,
-    (member_id, instance_id): (&str, Option<&str>),
-) -> Result<(), WireError> {
+    timeout: Duration,
+) -> Result<Conn, WireError> {
     let mut last = None;
     for broker in brokers.split(',').map(bootstrap_address) {
-        let coordinator = security.connect(broker, TIMEOUT).and_then(|mut c| {
+        let coordinator = security.connect(broker, timeout).and_then(|mut c| {
             let answer = c.exchange(|n| find_coordinator(n, group))?;
             coordinator_of(&answer)
         });
         match coordinator {
-            Ok((host, port)) => {
-                let mut c = security.connect(&format!("{host}:{port}"), TIMEOUT)?;
-                let answer = c.exchange(|n| leave_group(n, group, member_id, instance_id))?;
-                return left(&answer);
-            }
+            Ok((host, port)) => return security.connect(&format!("{host}:{port}"), timeout),
             Err(e) => last = Some(e),
         }
     }

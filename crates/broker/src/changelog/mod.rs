@@ -22,6 +22,7 @@
 
 pub mod adopt;
 mod bodies;
+pub mod coordinator;
 pub mod departed;
 pub mod handoff;
 pub mod kept;
