@@ -113,9 +113,12 @@ pub const TRANSACTION_TIMEOUT_MS: &str = "10000";
 
 /// The transactional producer of exactly-once firing: [`producer_config`]'s settings with
 /// `id` as its `transactional.id`, a transaction timeout (default [`TRANSACTION_TIMEOUT_MS`]), and records
-/// given up within it.
+/// given up within it. It does not linger (unless `--kafka-config` says `linger.ms`): a
+/// transaction waits for every record's acknowledgement before it commits, and a linger held
+/// its last records back for nothing (BENCHMARKS.md, section 10).
 pub fn transactional_producer_config(config: &Config, id: &str) -> ClientConfig {
     let mut c = producer_config(config);
+    set_default(&mut c, config, "linger.ms", "0");
     set_default(
         &mut c,
         config,
@@ -371,6 +374,24 @@ pub fn java_partition(key: &[u8], partitions: i32) -> i32 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_transactional_producer_does_not_linger_unless_told_to() {
+        let parse = |extra: &[&str]| {
+            let mut args = vec!["--brokers", "a:1", "--exactly-once"];
+            args.extend(extra);
+            crate::config::RunArgs::try_parse_flags(args)
+                .unwrap()
+                .validate()
+                .unwrap()
+        };
+        let linger = |c: &ClientConfig| c.get("linger.ms").map(str::to_owned);
+        let config = parse(&[]);
+        assert_eq!(linger(&transactional_producer_config(&config, "t")).as_deref(), Some("0"));
+        assert_eq!(linger(&producer_config(&config)).as_deref(), Some("5"));
+        let config = parse(&["--kafka-config", "linger.ms=7"]);
+        assert_eq!(linger(&transactional_producer_config(&config, "t")).as_deref(), Some("7"));
+    }
 
     #[test]
     fn murmur2_matches_the_java_client() {
