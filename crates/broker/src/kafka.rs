@@ -387,10 +387,16 @@ mod tests {
         };
         let linger = |c: &ClientConfig| c.get("linger.ms").map(str::to_owned);
         let config = parse(&[]);
-        assert_eq!(linger(&transactional_producer_config(&config, "t")).as_deref(), Some("0"));
+        assert_eq!(
+            linger(&transactional_producer_config(&config, "t")).as_deref(),
+            Some("0")
+        );
         assert_eq!(linger(&producer_config(&config)).as_deref(), Some("5"));
         let config = parse(&["--kafka-config", "linger.ms=7"]);
-        assert_eq!(linger(&transactional_producer_config(&config, "t")).as_deref(), Some("7"));
+        assert_eq!(
+            linger(&transactional_producer_config(&config, "t")).as_deref(),
+            Some("7")
+        );
     }
 
     #[test]

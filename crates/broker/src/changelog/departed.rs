@@ -27,7 +27,7 @@ use std::net::{IpAddr, SocketAddr, TcpStream, ToSocketAddrs};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use tracing::{info, warn};
+use tracing::{error, info, warn};
 
 use super::coordinator::Coordinator;
 use super::leave::code;
@@ -139,6 +139,14 @@ impl Suspects {
     }
 }
 
+/// The probing ends for good (its blocking task panicked, or the runtime is shutting down):
+/// said, since killed members then wait for their session.
+fn stopped(e: &tokio::task::JoinError) {
+    if e.is_panic() {
+        error!(error = %e, "the probe of gone members failed and stopped: killed members now leave the group when their session runs out");
+    }
+}
+
 /// The coordinator, whoever held its lock last having panicked or not.
 fn lock(c: &Mutex<Coordinator>) -> std::sync::MutexGuard<'_, Coordinator> {
     c.lock().unwrap_or_else(PoisonError::into_inner)
@@ -225,7 +233,7 @@ impl Departed {
                     failures += 1;
                     continue;
                 }
-                Err(_) => return,
+                Err(e) => return stopped(&e),
             };
             failures = 0;
             for gone in suspects.observe(&round) {
@@ -243,7 +251,7 @@ impl Departed {
                     Ok(Err(e)) => {
                         warn!(member = gone.member_id, error = %e, "cannot remove a gone member from the group; trying again");
                     }
-                    Err(_) => return,
+                    Err(e) => return stopped(&e),
                 }
             }
         }
