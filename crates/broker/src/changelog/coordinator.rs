@@ -3,9 +3,9 @@
 //! to remove one ([`super::leave`]), on one connection kept between requests.
 //!
 //! librdkafka's group listing asks every broker of the cluster and waits for each one's
-//! answer: with one broker down, every listing waits out its whole timeout and fails, although
-//! the coordinator alone holds the group and answers at once. A member killed with the host
-//! that also ran a broker would then wait for its session after all.
+//! answer: with one broker cut off from this instance (its packets dropped), every listing
+//! waits out its whole timeout and fails, although the coordinator alone holds the group and
+//! answers at once. A member killed meanwhile would wait for its session after all.
 //!
 //! Encoding and decoding are pure ([`describe_groups`], [`members_of`]); [`Coordinator`] does
 //! the I/O.

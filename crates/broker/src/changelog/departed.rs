@@ -16,8 +16,8 @@
 //! less safe than the session running out, only sooner.
 //!
 //! The group is described by its coordinator alone ([`super::coordinator`]), not by asking
-//! every broker: with a broker down (the host that ran the killed member may have run one too),
-//! a describe that waits for every broker never answers in time.
+//! every broker: with a broker cut off from this instance, a describe that waits for every
+//! broker never answers in time.
 //!
 //! The decisions are pure ([`watched`], [`Suspects::observe`]); [`Departed::run`] does the
 //! describing, probing and removing.
