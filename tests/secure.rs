@@ -786,16 +786,7 @@ async fn least_privilege_routes_and_a_killed_leader(mode: Mode) {
     // with only the ACLs `kafka-delay acls` printed. Counted only when the coordinator took
     // the removal: once a's session runs out instead, the count stays at 0.
     drop(a);
-    let b_http = std::net::SocketAddr::from(([127, 0, 0, 1], port_b));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let removed = loop {
-        let (_, body) = common::http_get(b_http, "/metrics").await;
-        let n = common::metric(&body, "kafka_delay_group_members_removed_total").unwrap_or(0.0);
-        if n >= 1.0 || Instant::now() > deadline {
-            break n;
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    let removed = removals_after(&[port_b], 0.0).await;
     assert_eq!(removed, 1.0, "b did not remove the killed a ({mode:?})");
     drop(b);
 }
@@ -1012,18 +1003,26 @@ async fn three_instances_through_faults(mode: Mode) {
     let mut partition = partitions.remove(&node).unwrap();
     tokio::task::block_in_place(|| partition.cut(true));
     drop(instances.remove(0));
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let mut removed = removals(&survivors).await - before;
-    while removed < 1.0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        removed = removals(&survivors).await - before;
-    }
+    let removed = removals_after(&survivors, before).await;
     tokio::task::block_in_place(|| partition.cut(false));
     assert_eq!(
         removed, 1.0,
         "b and c did not remove the killed a while broker {node} was cut off ({mode:?})"
     );
     drop(instances);
+}
+
+/// The members the instances at `ports` removed from the group beyond `before`, once they
+/// removed one, or after 30 s.
+async fn removals_after(ports: &[u16], before: f64) -> f64 {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let removed = removals(ports).await - before;
+        if removed >= 1.0 || Instant::now() > deadline {
+            return removed;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
 }
 
 /// The members the instances at `ports` removed from the group, all told.
