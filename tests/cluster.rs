@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::browser::{browse, screenshots};
 use common::group::{
-    logs_tail, report, soak, spawn, spawn_flags, spawn_with, stop_gracefully, verify, Instance,
+    logs_tail, report, soak, spawn, spawn_env, spawn_flags, spawn_with, stop_gracefully, verify,
+    Instance,
 };
 use common::procs::wait_ready;
 use common::{
@@ -497,13 +498,16 @@ async fn impostor(kafka: &Kafka, t: &Topics, instance: &str) {
 
 /// A member whose Kafka consumer is fenced, a fatal error after which librdkafka never uses
 /// it again, stops and starts again in place: it fires what it held and consumes what comes
-/// after, rather than staying up with nothing consuming (what it did before).
+/// after, rather than staying up with nothing consuming (what it did before). Its first two
+/// starts in place fail, as one that meets a broker cut off does: it tries again rather than
+/// exiting with no supervisor to start it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_a_fenced_member_starts_again_in_place_and_loses_nothing() {
     let kafka = Kafka::start();
     let t = topics(&kafka, 2).await;
     let (data, logs) = (TempDir::new().unwrap(), TempDir::new().unwrap());
-    let a = spawn_flags(&kafka, &t, (data.path(), logs.path()), "a", &[]);
+    let failing = [("KAFKA_DELAY_TEST_FAILED_RESTARTS", "2")];
+    let a = spawn_env(&kafka, &t, (data.path(), logs.path()), "a", &[], &failing);
     wait_ready(a.port, Duration::from_secs(60)).await;
     wait_shared(&[&a], 2, logs.path()).await;
     const N: u64 = 200;
@@ -519,6 +523,13 @@ async fn apache_kafka_a_fenced_member_starts_again_in_place_and_loses_nothing() 
     })
     .await;
     wait_ready(a.port, Duration::from_secs(60)).await;
+    let failed = std::fs::read_to_string(&log).unwrap();
+    assert_eq!(
+        failed.matches("did not start again in place").count(),
+        2,
+        "{}",
+        logs_tail(logs.path())
+    );
     // The second half, written after the restart, goes through the new consumer.
     let p = kafka.producer();
     for i in N / 2..N {

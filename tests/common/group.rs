@@ -41,6 +41,18 @@ pub(crate) fn spawn_flags(
     name: &str,
     flags: &[&str],
 ) -> Instance {
+    spawn_env(kafka, t, (data, logs), name, flags, &[])
+}
+
+/// [`spawn_flags`] with `env` set for the process.
+pub(crate) fn spawn_env(
+    kafka: &Kafka,
+    t: &Topics,
+    (data, logs): (&Path, &Path),
+    name: &str,
+    flags: &[&str],
+    env: &[(&str, &str)],
+) -> Instance {
     let port = free_port();
     let log = std::fs::OpenOptions::new()
         .create(true)
@@ -52,7 +64,7 @@ pub(crate) fn spawn_flags(
         t,
         (data, port),
         Some(name),
-        &[],
+        env,
         flags,
         Stdio::from(log),
     );

@@ -11,7 +11,8 @@
 //!
 //! `KAFKA_DELAY_TEST_CLOCK_FILE=<path>` steps the process's wall clock ([`wall_clock`]);
 //! `KAFKA_DELAY_TEST_NO_HOLD_BACK` takes out its hold-back to Kafka's clock ([`hold_back`]), the
-//! control of the clock tests.
+//! control of the clock tests; `KAFKA_DELAY_TEST_FAILED_RESTARTS=<n>` fails the first `n` starts
+//! in place ([`fail_restart`]).
 
 use std::sync::Arc;
 
@@ -53,6 +54,26 @@ pub fn wall_clock() -> Arc<dyn Clock> {
         return Arc::new(clock);
     }
     Arc::new(SystemClock)
+}
+
+/// Whether this start in place is to fail: with the `failpoints` feature and
+/// `KAFKA_DELAY_TEST_FAILED_RESTARTS=<n>` set, the first `n` starts after a restart in place fail,
+/// as one that meets a broker cut off does (the control of the test that shows them tried
+/// again); never otherwise.
+pub fn fail_restart() -> bool {
+    #[cfg(feature = "failpoints")]
+    {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static LEFT: std::sync::OnceLock<AtomicU32> = std::sync::OnceLock::new();
+        let left = LEFT.get_or_init(|| {
+            let n = std::env::var("KAFKA_DELAY_TEST_FAILED_RESTARTS").ok();
+            AtomicU32::new(n.and_then(|n| n.parse().ok()).unwrap_or(0))
+        });
+        left.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+    }
+    #[cfg(not(feature = "failpoints"))]
+    false
 }
 
 /// Whether the wall clock is held back to the Kafka cluster's

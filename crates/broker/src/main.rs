@@ -2,9 +2,11 @@
 
 use std::io::Write;
 use std::process::ExitCode;
+use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use kafka_delay::backoff::Backoff;
 use kafka_delay::config::{Config, RunArgs};
 use kafka_delay::kafka::Embedded;
 use prometheus::Registry;
@@ -162,7 +164,7 @@ fn exit(result: anyhow::Result<()>) -> ExitCode {
 async fn replay_cmd(
     replay: kafka_delay::replay::Replay,
 ) -> anyhow::Result<kafka_delay::replay::Summary> {
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let verb = if replay.dry_run {
         "would move"
     } else {
@@ -243,10 +245,17 @@ fn start_embedded(config: &mut Config) -> anyhow::Result<Embedded> {
     Ok(embedded)
 }
 
+/// How long an instance restarting in place tries to start again before it exits with the
+/// last error (for a supervisor to restart it).
+const RESTART_FOR: Duration = Duration::from_secs(300);
+
 /// Runs the broker until SIGTERM or SIGINT. When its Kafka consumer fails for good (a fatal
 /// librdkafka error, such as a static member fenced after a long coordinator outage), the
 /// instance stops as for a SIGTERM and starts again with the same data directory: the same
-/// as a supervisor restarting it, without waiting for one.
+/// as a supervisor restarting it, without waiting for one. Such a restart meets the trouble
+/// that broke the consumer (a broker cut off, a coordinator moving): a start that fails then
+/// is tried again, with pauses from 1 s up to 30 s, for [`RESTART_FOR`]. A first start that
+/// fails exits at once, with what to fix.
 async fn run(mut config: Config) -> anyhow::Result<()> {
     let embedded = if config.kafka.embedded {
         Some(start_embedded(&mut config)?)
@@ -256,11 +265,33 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
     let mut stop = std::pin::pin!(stop_signal()?);
     let mut announced = false;
     let clock = kafka_delay::failpoint::wall_clock();
+    // After a restart in place: when it began, and the pauses between its attempts.
+    let mut restarting: Option<(Instant, Backoff)> = None;
     loop {
-        let start = kafka_delay::app::start(config.clone(), clock.clone(), Registry::new());
-        let running = tokio::select! {
-            r = start => r?,
-            () = &mut stop => return Ok(()),
+        let started = if restarting.is_some() && kafka_delay::failpoint::fail_restart() {
+            Err(anyhow::anyhow!("failpoint: this start in place fails"))
+        } else {
+            let start = kafka_delay::app::start(config.clone(), clock.clone(), Registry::new());
+            tokio::select! {
+                r = start => r.map_err(anyhow::Error::from),
+                () = &mut stop => return Ok(()),
+            }
+        };
+        let running = match (started, &mut restarting) {
+            (Ok(running), _) => running,
+            (Err(e), Some((began, pauses))) if began.elapsed() < RESTART_FOR => {
+                let pause = pauses.next_pause();
+                tracing::warn!(
+                    error = format!("{e:#}"),
+                    retry_in_ms = u64::try_from(pause.as_millis()).unwrap_or(u64::MAX),
+                    "the instance did not start again in place; trying again"
+                );
+                tokio::select! {
+                    () = tokio::time::sleep(pause) => continue,
+                    () = &mut stop => return Ok(()),
+                }
+            }
+            (Err(e), _) => return Err(e),
         };
         if let (Some(e), false) = (&embedded, announced) {
             announce(&e.bootstrap_servers())?;
@@ -274,6 +305,8 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
             broken = running.broken() => {
                 tracing::error!(reason = %broken,
                     "the Kafka consumer cannot go on; stopping and starting this instance again");
+                let pauses = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+                restarting = Some((Instant::now(), pauses));
                 if !running.shutdown().await {
                     anyhow::bail!(
                         "the Kafka consumer failed ({broken}) and RocksDB could not be closed \

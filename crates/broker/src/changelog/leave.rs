@@ -19,6 +19,12 @@ const FIND_COORDINATOR: i16 = 10;
 const LEAVE_GROUP: i16 = 13;
 /// Kafka's error codes these requests meet.
 pub mod code {
+    /// The coordinator is still loading the group's metadata.
+    pub const COORDINATOR_LOAD_IN_PROGRESS: i16 = 14;
+    /// The group's coordinator is not available (it is moving).
+    pub const COORDINATOR_NOT_AVAILABLE: i16 = 15;
+    /// The broker asked is not the group's coordinator (any more).
+    pub const NOT_COORDINATOR: i16 = 16;
     /// The member was not in the group (it left, or its session ran out, already).
     pub const UNKNOWN_MEMBER_ID: i16 = 25;
     /// The instance id belongs to a newer member now (the instance started again).

@@ -63,6 +63,15 @@ pub enum GroupError {
         /// librdkafka's error.
         source: KafkaError,
     },
+    /// The group's coordinator, asked directly ([`coordinator::Coordinator`]), did not
+    /// describe the group.
+    #[error("cannot describe group {group} at its coordinator: {source}")]
+    Coordinator {
+        /// The consumer group.
+        group: String,
+        /// What the coordinator answered, or why it could not be asked.
+        source: crate::wire::WireError,
+    },
     /// A member's assignment could not be read.
     #[error("unreadable assignment of {bytes} bytes")]
     Assignment {

@@ -7,6 +7,12 @@
 //! ([`crate::changelog::owners::client_id`]), so the check needs nothing but the group's
 //! description. The decision is pure ([`verdict`]); [`check`] asks the coordinator, and waits
 //! for a member that may be a dead one (its session running out) before it refuses.
+//!
+//! The coordinator is asked directly ([`Coordinator`]), as the probe for gone members asks it:
+//! librdkafka's group listing waits for every broker's answer, so one broker cut off from this
+//! instance would fail its start, although the coordinator alone holds the group. The listing
+//! answers where the direct connection cannot (a security setting it does not speak, a cluster
+//! without DescribeGroups v5, such as librdkafka's mock).
 
 use std::time::{Duration, Instant};
 
@@ -16,10 +22,13 @@ use rdkafka::types::RDKafkaErrorCode;
 use thiserror::Error;
 use tracing::{info, warn};
 
+use crate::changelog::coordinator::Coordinator;
+use crate::changelog::leave::code;
 use crate::changelog::owners::{self, Peer, LEGACY_CLIENT_ID_PREFIX};
 use crate::changelog::GroupError;
 use crate::config::Config;
 use crate::kafka::{base_config, KafkaSetupError};
+use crate::wire::{Security, WireError};
 
 /// Why this instance may not join its group.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -111,13 +120,7 @@ pub enum CheckError {
 /// cannot be asked.
 pub(super) fn check(config: &Config, mode: &str) -> Result<(), CheckError> {
     let group = config.kafka.group_id.as_str();
-    let admin: AdminClient<DefaultClientContext> =
-        base_config(config)
-            .create()
-            .map_err(|source| KafkaSetupError::Client {
-                client: "group check",
-                source,
-            })?;
+    let mut members = Members::new(config)?;
     let session = config
         .kafka
         .properties
@@ -131,7 +134,7 @@ pub(super) fn check(config: &Config, mode: &str) -> Result<(), CheckError> {
     let mut said = false;
     let mut busy_said = false;
     loop {
-        let peers = match owners::members(admin.inner(), group) {
+        let peers = match members.ask() {
             Err(GroupError::Describe { source, .. })
                 if source.rdkafka_error_code() == Some(RDKafkaErrorCode::UnsupportedFeature) =>
             {
@@ -143,12 +146,9 @@ pub(super) fn check(config: &Config, mode: &str) -> Result<(), CheckError> {
                 );
                 return Ok(());
             }
-            Err(GroupError::Describe { source, .. })
-                if coordinator_busy(source.rdkafka_error_code())
-                    && started.elapsed() < COORDINATOR_WAIT =>
-            {
+            Err(e) if coordinator_busy(&e) && started.elapsed() < COORDINATOR_WAIT => {
                 if !busy_said {
-                    warn!(group, error = %source, "the group coordinator is not ready yet; asking again");
+                    warn!(group, error = %e, "the group coordinator is not ready yet; asking again");
                     busy_said = true;
                 }
                 std::thread::sleep(Duration::from_millis(500));
@@ -182,16 +182,94 @@ const COORDINATOR_WAIT: Duration = Duration::from_secs(20);
 
 /// Whether the coordinator's answer means "not yet" rather than "no": it is loading the
 /// group's metadata, or the group's coordinator is moving. (A request that timed out already
-/// waited 10 s, and fails the start as before.)
-fn coordinator_busy(code: Option<RDKafkaErrorCode>) -> bool {
-    matches!(
-        code,
-        Some(
-            RDKafkaErrorCode::CoordinatorLoadInProgress
-                | RDKafkaErrorCode::CoordinatorNotAvailable
-                | RDKafkaErrorCode::NotCoordinator
-        )
-    )
+/// waited its timeout, and fails the start as before.)
+fn coordinator_busy(e: &GroupError) -> bool {
+    match e {
+        GroupError::Describe { source, .. } => matches!(
+            source.rdkafka_error_code(),
+            Some(
+                RDKafkaErrorCode::CoordinatorLoadInProgress
+                    | RDKafkaErrorCode::CoordinatorNotAvailable
+                    | RDKafkaErrorCode::NotCoordinator
+            )
+        ),
+        GroupError::Coordinator {
+            source: WireError::Kafka { code, .. },
+            ..
+        } => BUSY.contains(code),
+        _ => false,
+    }
+}
+
+/// The codes of a coordinator that is loading or moving.
+const BUSY: [i16; 3] = [
+    code::COORDINATOR_LOAD_IN_PROGRESS,
+    code::COORDINATOR_NOT_AVAILABLE,
+    code::NOT_COORDINATOR,
+];
+
+/// Longest each step of asking the coordinator directly (connecting, TLS, SASL, the answer)
+/// is waited for, before the next bootstrap server or the listing is asked.
+const DIRECT_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Where the group's members are asked: its coordinator directly, librdkafka's listing where
+/// that cannot answer.
+struct Members {
+    group: String,
+    /// `None` for a security setting the direct connection does not speak.
+    direct: Option<Coordinator>,
+    listing: AdminClient<DefaultClientContext>,
+    /// Whether falling back to the listing was said.
+    fell_back: bool,
+}
+
+impl Members {
+    fn new(config: &Config) -> Result<Self, KafkaSetupError> {
+        let group = config.kafka.group_id.clone();
+        let direct = Security::from_properties(&config.kafka.properties)
+            .map(|s| Coordinator::new(s, &config.kafka.brokers, &group, DIRECT_TIMEOUT))
+            .map_err(|why| {
+                info!(
+                    why,
+                    "the group's coordinator is asked through librdkafka's group listing"
+                )
+            })
+            .ok();
+        let listing = base_config(config)
+            .create()
+            .map_err(|source| KafkaSetupError::Client {
+                client: "group check",
+                source,
+            })?;
+        Ok(Self {
+            group,
+            direct,
+            listing,
+            fell_back: false,
+        })
+    }
+
+    /// The group's members. Blocking.
+    fn ask(&mut self) -> Result<Vec<Peer>, GroupError> {
+        if let Some(direct) = self.direct.as_mut() {
+            match direct.members() {
+                Ok(peers) => return Ok(peers),
+                Err(source @ WireError::Kafka { code, .. }) if BUSY.contains(&code) => {
+                    return Err(GroupError::Coordinator {
+                        group: self.group.clone(),
+                        source,
+                    })
+                }
+                Err(e) if !self.fell_back => {
+                    info!(group = self.group, error = %e,
+                          "the group's coordinator cannot be asked directly; asking librdkafka's group listing, which waits for every broker");
+                    self.fell_back = true;
+                }
+                Err(_) => {}
+            }
+        }
+        owners::members(self.listing.inner(), &self.group)
+    }
 }
 
 #[cfg(test)]
@@ -208,14 +286,32 @@ mod tests {
 
     #[test]
     fn a_coordinator_that_is_loading_or_moving_is_asked_again_and_a_refusal_is_not() {
-        assert!(coordinator_busy(Some(
+        let listed = |code| GroupError::Describe {
+            group: "g".into(),
+            source: rdkafka::error::KafkaError::GroupListFetch(code),
+        };
+        assert!(coordinator_busy(&listed(
             RDKafkaErrorCode::CoordinatorLoadInProgress
         )));
-        assert!(coordinator_busy(Some(RDKafkaErrorCode::NotCoordinator)));
-        assert!(!coordinator_busy(Some(
+        assert!(coordinator_busy(&listed(RDKafkaErrorCode::NotCoordinator)));
+        assert!(!coordinator_busy(&listed(
             RDKafkaErrorCode::GroupAuthorizationFailed
         )));
-        assert!(!coordinator_busy(None));
+        let direct = |source| GroupError::Coordinator {
+            group: "g".into(),
+            source,
+        };
+        let answered = |code| WireError::Kafka {
+            request: "DescribeGroups",
+            code,
+            message: None,
+        };
+        assert!(coordinator_busy(&direct(answered(14))));
+        assert!(coordinator_busy(&direct(answered(16))));
+        assert!(!coordinator_busy(&direct(answered(30))));
+        assert!(!coordinator_busy(&direct(WireError::Malformed(
+            "DescribeGroups"
+        ))));
     }
 
     const UUID: &str = "0f8fad5b-d9cb-469f-a165-70867728950e";
