@@ -14,18 +14,12 @@ use common::group::{
     Instance,
 };
 use common::procs::wait_ready;
-use common::{
-    collect, http_get, http_json, metric, now_ms, reader, wait_consuming, Got, Kafka, Topics,
-};
+use common::{collect, http_get, http_json, now_ms, reader, wait_consuming, Got, Kafka, Topics};
 use rdkafka::producer::FutureRecord;
 use tempfile::TempDir;
 
 async fn gauge(i: &Instance, name: &str) -> u64 {
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], i.port));
-    match tokio::time::timeout(Duration::from_secs(2), http_get(addr, "/metrics")).await {
-        Ok((200, body)) => metric(&body, name).unwrap_or(0.0) as u64,
-        _ => 0,
-    }
+    common::metric_at(i.port, name).await.unwrap_or(0.0) as u64
 }
 
 /// Records pending in the partitions `i` owns (its standby copies left out).

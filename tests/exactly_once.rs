@@ -333,10 +333,8 @@ async fn held(port: u16) -> (u64, u64) {
 
 /// Source partitions the instance on `port` fires (0 while it does not answer).
 async fn owned_by(port: u16) -> u64 {
-    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
-    common::http_get_at(addr, "/metrics")
+    common::metric_at(port, "kafka_delay_partitions_owned")
         .await
-        .and_then(|(_, body)| common::metric(&body, "kafka_delay_partitions_owned"))
         .unwrap_or(0.0) as u64
 }
 

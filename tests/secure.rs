@@ -1094,9 +1094,8 @@ async fn removals_after(ports: &[u16], before: f64) -> f64 {
 async fn removals(ports: &[u16]) -> f64 {
     let mut n = 0.0;
     for port in ports {
-        let at = std::net::SocketAddr::from(([127, 0, 0, 1], *port));
-        let (_, body) = common::http_get(at, "/metrics").await;
-        n += common::metric(&body, "kafka_delay_group_members_removed_total").unwrap_or(0.0);
+        let removed = common::metric_at(*port, "kafka_delay_group_members_removed_total").await;
+        n += removed.unwrap_or(0.0);
     }
     n
 }

@@ -488,6 +488,17 @@ pub(crate) async fn wait_pending(addr: std::net::SocketAddr, n: u64, within: Dur
     }
 }
 
+/// The value of metric `name` (exact name with labels) of the instance whose HTTP server is
+/// on 127.0.0.1:`port`; `None` where it has no such line or does not answer within 2 s.
+pub(crate) async fn metric_at(port: u16, name: &str) -> Option<f64> {
+    let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
+    let scraped = tokio::time::timeout(Duration::from_secs(2), http_get_at(addr, "/metrics"));
+    match scraped.await {
+        Ok(Some((200, body))) => metric(&body, name),
+        _ => None,
+    }
+}
+
 /// The value of a metric line (exact name with labels) from /metrics.
 pub(crate) fn metric(body: &str, name: &str) -> Option<f64> {
     body.lines()
