@@ -18,6 +18,7 @@
 pub mod admin;
 pub mod app;
 pub mod backoff;
+pub mod brokers;
 pub mod changelog;
 pub mod config;
 pub mod dead_letter;

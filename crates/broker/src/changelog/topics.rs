@@ -111,13 +111,13 @@ pub fn ensure(
     // Asked again for a while before it counts: another instance starting at the same time
     // may have just created the topic, and a broker that has not yet applied that creation
     // answers with the cluster's default policy.
-    let mut policy = cleanup_policy(&runtime, &admin, &opts, changelog)?;
+    let mut policy = cleanup_policy(&runtime, &admin, changelog)?;
     for _ in 0..POLICY_ASKS {
         if policy == "compact" {
             return Ok(needs);
         }
         std::thread::sleep(Duration::from_millis(250));
-        policy = cleanup_policy(&runtime, &admin, &opts, changelog)?;
+        policy = cleanup_policy(&runtime, &admin, changelog)?;
     }
     if policy != "compact" {
         return Err(TopicError::NotCompacted {
@@ -190,16 +190,24 @@ fn wait_for_partitions(
 fn cleanup_policy(
     runtime: &tokio::runtime::Runtime,
     admin: &AdminClient<DefaultClientContext>,
-    opts: &AdminOptions,
     topic: &str,
 ) -> Result<String, TopicError> {
     let kafka = |detail: String| TopicError::Kafka {
         topic: topic.to_owned(),
         detail,
     };
-    let described = runtime
-        .block_on(admin.describe_configs([&ResourceSpecifier::Topic(topic)], opts))
-        .map_err(|e| kafka(format!("cannot describe its configuration: {e}")))?;
+    // Any broker describes a topic: librdkafka's pick first, then each broker in turn while
+    // the one asked does not answer (`crate::brokers`).
+    let brokers = crate::brokers::ids(admin.inner())
+        .map_err(|e| kafka(format!("cannot list the brokers: {e}")))?;
+    let targets = std::iter::once(None).chain(brokers.into_iter().map(Some));
+    let described = crate::brokers::in_turn(targets, |broker| {
+        let opts = AdminOptions::new()
+            .request_timeout(Some(crate::brokers::EACH))
+            .broker_id(broker);
+        runtime.block_on(admin.describe_configs([&ResourceSpecifier::Topic(topic)], &opts))
+    })
+    .map_err(|e| kafka(format!("cannot describe its configuration: {e}")))?;
     let resource = described
         .into_iter()
         .next()

@@ -4,8 +4,6 @@
 //! librdkafka's mock cluster), and the start log says which and why. [`decide`] is the rule;
 //! [`choose`] asks the cluster only where the rule needs it.
 
-use std::time::Duration;
-
 use rdkafka::admin::{AdminClient, AdminOptions, ResourceSpecifier};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::error::KafkaError;
@@ -122,30 +120,28 @@ pub(super) async fn choose(config: &Config) -> Result<Choice, DurabilityError> {
     })
 }
 
-/// Asks a broker of the cluster for `log.cleaner.enable`. Blocking.
+/// Asks a broker of the cluster for `log.cleaner.enable`: the first the metadata names, and the
+/// next while one does not answer ([`crate::brokers::in_turn`]). Blocking.
 fn cleaner(config: &Config) -> Result<Cleaner, KafkaError> {
     let admin: AdminClient<DefaultClientContext> = base_config(config)
         .set("allow.auto.create.topics", "false")
         .create()?;
-    let md = admin
-        .inner()
-        .fetch_metadata(None, Duration::from_secs(10))?;
-    let Some(broker) = md
-        .brokers()
-        .first()
-        .map(rdkafka::metadata::MetadataBroker::id)
-    else {
+    let brokers = crate::brokers::ids(admin.inner())?;
+    if brokers.is_empty() {
         return Err(KafkaError::MetadataFetch(
             RDKafkaErrorCode::BrokerNotAvailable,
         ));
-    };
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|_| KafkaError::Canceled)?;
-    let opts = AdminOptions::new().request_timeout(Some(Duration::from_secs(10)));
-    let answer =
-        runtime.block_on(admin.describe_configs([&ResourceSpecifier::Broker(broker)], &opts));
+    let opts = AdminOptions::new().request_timeout(Some(crate::brokers::EACH));
+    // librdkafka sends a broker's own resource to that broker.
+    let answer = crate::brokers::in_turn(brokers.into_iter().map(Some), |broker| {
+        let broker = broker.unwrap_or_default();
+        runtime.block_on(admin.describe_configs([&ResourceSpecifier::Broker(broker)], &opts))
+    });
     let resource = match answer {
         Ok(mut rs) if !rs.is_empty() => rs.swap_remove(0),
         Ok(_) => return Err(KafkaError::AdminOp(RDKafkaErrorCode::Fail)),
