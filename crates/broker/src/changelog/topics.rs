@@ -197,10 +197,9 @@ fn cleanup_policy(
         detail,
     };
     // Any broker describes a topic: librdkafka's pick first, then each broker in turn while
-    // the one asked does not answer (`crate::brokers`).
-    let brokers = crate::brokers::ids(admin.inner())
-        .map_err(|e| kafka(format!("cannot list the brokers: {e}")))?;
-    let targets = std::iter::once(None).chain(brokers.into_iter().map(Some));
+    // the one asked does not answer (`crate::brokers`). The brokers are listed only then.
+    let others = std::iter::once_with(|| crate::brokers::ids(admin.inner()).unwrap_or_default());
+    let targets = std::iter::once(None).chain(others.flatten().map(Some));
     let described = crate::brokers::in_turn(targets, |broker| {
         let opts = AdminOptions::new()
             .request_timeout(Some(crate::brokers::EACH))
