@@ -482,3 +482,116 @@ async fn apache_kafka_a_restore_waits_for_a_transaction_open_in_the_changelog() 
         .expect("restored");
     assert_eq!(store.pending(), 0, "the committed tombstone was applied");
 }
+
+/// With `--exactly-once`, a record already due when it is ingested fires in the transaction
+/// that consumes it: its target record arrives once, and the changelog holds nothing of it
+/// (no entry, no tombstone). A pending record it replaces by id is gone with it. A record its
+/// target refuses (too large for the topic) is stored after all and goes through the usual
+/// retries to the dead-letter topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_exactly_once_fires_a_record_due_at_ingest_in_the_transaction_that_consumes_it(
+) {
+    use kafka_delay_core::changelog::{decode, Restored};
+    let env = common::Env::start(1, &["--exactly-once"]).await;
+    let (kafka, t) = (&env.kafka, &env.t);
+    let small = format!("small-{}", t.id);
+    kafka
+        .create_topic_with(&small, 1, &[("max.message.bytes", "2000")])
+        .await;
+    let producer = kafka.producer();
+    let (now, hour) = (common::now_ms(), 3_600_000);
+    let later = (now + hour).to_string();
+    let due = (now - 1_000).to_string();
+    let target = t.target.as_str();
+    let x_later = [
+        ("delay-target", target),
+        ("delay-until", &later),
+        ("delay-id", "x"),
+    ];
+    let x_now = [
+        ("delay-target", target),
+        ("delay-until", &due),
+        ("delay-id", "x"),
+    ];
+    let now_due = [("delay-target", target), ("delay-until", due.as_str())];
+    // Offset 0 was the probe `Env::start` sent: due at once as well.
+    common::produce(&producer, &t.delay, None, Some("x-later"), &x_later).await; // 1
+    common::produce(&producer, &t.delay, None, Some("x-now"), &x_now).await; // 2
+    for i in 0..20 {
+        let v = format!("r{i}");
+        common::produce(&producer, &t.delay, None, Some(&v), &now_due).await; // 3..=22
+    }
+    // Bytes no compression shrinks below the topic's limit.
+    let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+    let big: Vec<u8> = (0..8_000)
+        .map(|_| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed as u8
+        })
+        .collect();
+    let to_small = [
+        ("delay-target", small.as_str()),
+        ("delay-until", due.as_str()),
+    ];
+    common::produce_to(&producer, &t.delay, None, None, Some(&big), &to_small).await; // 23
+
+    let got = collect(&reader(kafka, target, 1), 22, Duration::from_secs(30)).await;
+    let mut values: Vec<String> = got.iter().filter_map(|g| g.value()).collect();
+    values.sort();
+    let mut want: Vec<String> = (0..20).map(|i| format!("r{i}")).collect();
+    want.push("x-now".into());
+    want.sort();
+    assert_eq!(
+        values, want,
+        "each record due at ingest once, the replaced one never"
+    );
+    let dead = collect(&reader(kafka, &t.dlt, 1), 1, Duration::from_secs(60)).await;
+    assert_eq!(
+        dead.len(),
+        1,
+        "the refused record reaches the dead-letter topic"
+    );
+    assert_eq!(rdkafka::Message::payload(&dead[0].msg), Some(&big[..]));
+    assert!(
+        dead[0].header("delay-error").is_some(),
+        "{:?}",
+        dead[0].headers()
+    );
+
+    let port = env.broker.http_addr().port();
+    let pending = common::metric_at(port, "kafka_delay_pending_records").await;
+    assert_eq!(pending, Some(0.0), "x-later was replaced by x-now");
+    let fired_line = format!("kafka_delay_fire_records_total{{target=\"{}\"}}", t.target);
+    let fired = common::metric_at(port, &fired_line).await;
+    assert_eq!(
+        fired,
+        Some(20.0 + 1.0),
+        "records fired at ingest are counted"
+    );
+
+    // The changelog: an entry only for the record that waited (x-later) and for the refused
+    // one, stored after all; every other record fired with its group.
+    let changelog = format!("g-{}-{}-changelog", t.id, t.delay);
+    let entries = collect(&reader(kafka, &changelog, 1), 1_000, Duration::from_secs(5)).await;
+    let mut logged: Vec<i64> = Vec::new();
+    for e in &entries {
+        let key = rdkafka::Message::key(&e.msg);
+        let payload = rdkafka::Message::payload(&e.msg);
+        match decode(key, payload).expect("a changelog entry") {
+            Restored::Record { offset, .. } | Restored::Pointer { offset, .. } => {
+                logged.push(offset)
+            }
+            // The partition's clock probe writes the tombstone of an offset no source reaches.
+            Restored::Gone { offset } if offset < 1_000 => logged.push(-offset - 1),
+            Restored::Gone { .. } | Restored::SourceOffset(_) => {}
+        }
+    }
+    logged.sort();
+    assert_eq!(
+        logged,
+        vec![-24, -2, 1, 23],
+        "entries and tombstones (negative: -offset-1) only for x-later and the refused record"
+    );
+}

@@ -94,6 +94,8 @@ struct Shared {
     health: Health,
     /// New timers for the scheduler (new records, retries, operators' moves).
     inserts: Inserts,
+    /// The most recently fired records, for the console.
+    history: History,
 }
 
 /// Starts the broker and returns once it is ready (recovery done, consumer subscribed).
@@ -112,11 +114,10 @@ pub async fn start(
     let (inserts, insert_rx) = mpsc::channel::<Wake>(1_024);
     let store = open_store(&config).await?;
     let metrics = new_metrics(&registry)?;
-    let history = History::default();
     let (prepared, shared, http, http_addr) = prepare(
         &config,
         (store, metrics, HeldBack::learning(clock), health, inserts),
-        (&registry, history.clone()),
+        &registry,
         stop_rest_rx.clone(),
     )
     .await?;
@@ -134,7 +135,6 @@ pub async fn start(
         start_scheduler(&config, &shared, insert_rx, due_tx, stop_rest_rx.clone())?;
     let publishing = Publishing {
         producer: &producer,
-        history,
         delivery: durability.delivery.clone(),
     };
     let (ingest_producer, publisher) =
@@ -190,6 +190,7 @@ async fn start_durability(
             inserts: shared.inserts.clone(),
             clock: shared.clock.clone(),
             stop,
+            history: shared.history.clone(),
         })
         .await?;
     Ok((consumer, durability))
@@ -200,7 +201,7 @@ async fn start_durability(
 async fn prepare(
     config: &Config,
     (store, metrics, clock, health, inserts): (Arc<Store>, Metrics, Arc<HeldBack>, Health, Inserts),
-    (registry, history): (&Registry, History),
+    registry: &Registry,
     stop: watch::Receiver<bool>,
 ) -> Result<(Prepared, Shared, JoinHandle<()>, SocketAddr), StartError> {
     let (listener, http_addr) =
@@ -222,12 +223,13 @@ async fn prepare(
         clock,
         health,
         inserts,
+        history: History::default(),
     };
     let http = start_http(
         config,
         &shared,
         registry,
-        (history, prepared.cluster()),
+        prepared.cluster(),
         listener,
         stop,
     );
@@ -237,7 +239,6 @@ async fn prepare(
 /// What the publisher is built from besides the shared parts.
 struct Publishing<'a> {
     producer: &'a FutureProducer,
-    history: History,
     delivery: Arc<dyn Delivery>,
 }
 
@@ -327,7 +328,7 @@ fn start_http(
     config: &Config,
     shared: &Shared,
     registry: &Registry,
-    (history, cluster): (History, Arc<dyn admin::Cluster>),
+    cluster: Arc<dyn admin::Cluster>,
     listener: tokio::net::TcpListener,
     stop: watch::Receiver<bool>,
 ) -> JoinHandle<()> {
@@ -345,7 +346,7 @@ fn start_http(
             (metrics.broker.clock_ahead).set(clock.ahead_us() as f64 / 1e6);
         })
     };
-    let console = admin::console::Console::new(config, history);
+    let console = admin::console::Console::new(config, shared.history.clone());
     console.spawn_minutes(&shared.metrics, shared.clock.clone(), stop.clone());
     let admin = admin::Admin {
         store: shared.store.clone(),
@@ -423,11 +424,7 @@ fn publisher(
     publish_producer: PublishProducer,
     reports: Reports,
 ) -> Publisher {
-    let Publishing {
-        producer,
-        history,
-        delivery,
-    } = publishing;
+    let Publishing { producer, delivery } = publishing;
     Publisher {
         store: shared.store.clone(),
         producer: publish_producer,
@@ -446,7 +443,7 @@ fn publisher(
         },
         in_flight: config.fire.in_flight,
         limits: Arc::new(config.fire.limits.clone()),
-        history,
+        history: shared.history.clone(),
         delivery,
     }
 }

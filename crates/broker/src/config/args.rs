@@ -209,7 +209,8 @@ pub struct ClusterArgs {
     /// <group-id>-<instance-id>) and a cluster that runs transactions.
     #[arg(long, env = "KAFKA_DELAY_EXACTLY_ONCE")]
     pub exactly_once: bool,
-    /// With --exactly-once: records after which a transaction is committed at once.
+    /// With --exactly-once: records after which a transaction is committed at once, and the
+    /// most records ingest takes in one group (each group commits in a transaction of its own).
     #[arg(
         long,
         env = "KAFKA_DELAY_TRANSACTION_RECORDS",

@@ -45,6 +45,7 @@ use crate::ingest::{Durable, IngestContext, Rebalance};
 use crate::kafka::KafkaSetupError;
 use crate::kafka_clock::KafkaClock;
 use crate::metrics::Metrics;
+use crate::publish::history::History;
 use crate::publish::Delivery;
 use crate::scheduler::Inserts;
 use crate::store::Store;
@@ -149,6 +150,9 @@ pub struct Context {
     pub clock: Arc<dyn Clock>,
     /// Turns true when the broker stops.
     pub stop: watch::Receiver<bool>,
+    /// The most recently fired records, for the console (records that fire with their ingest
+    /// group are added here).
+    pub history: History,
 }
 
 impl std::fmt::Debug for Context {

@@ -31,8 +31,9 @@ pub struct Stored<'a, 'm> {
     pub ops: &'a [IngestOp],
     /// The timestamp (epoch ms) of each operation's source record, in the same order.
     pub stamps: &'a [Option<u64>],
-    /// What RocksDB did with them.
-    pub applied: &'a Applied,
+    /// What RocksDB did with them; the mode adds the records it had to store after all
+    /// (a record that was to fire with the group and could not).
+    pub applied: &'a mut Applied,
     /// The last offset of each source partition; the mode leaves out partitions that are no
     /// longer owned here.
     pub last: &'a mut Last<'m>,
@@ -99,6 +100,13 @@ pub trait Durable: Send + Sync + std::fmt::Debug {
     /// (a revoke waits for them).
     fn hurry(&self) -> Option<watch::Receiver<u64>> {
         None
+    }
+    /// Whether a record already due when it is ingested fires with its group
+    /// ([`IngestOp::Fire`]: published by [`Durable::after_store`] in the same Kafka transaction
+    /// that commits its source offset, never stored) rather than through the store and the
+    /// wheel.
+    fn fires_due(&self) -> bool {
+        false
     }
     /// How source offsets reach the group.
     fn offset_commit(&self) -> OffsetCommit;

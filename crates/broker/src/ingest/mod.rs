@@ -301,6 +301,7 @@ impl Ingest {
         let mut current: Option<(&str, i32, Pid, bool)> = None;
         // Each record's headers, read in place (the contract copies the ones it carries on).
         let mut headers: Vec<HeaderRef<'_>> = Vec::new();
+        let fires_due = self.durability.fires_due();
         for m in group {
             let (topic, partition, offset) = (m.topic(), m.partition(), m.offset());
             let (pid, ours) = match current {
@@ -336,6 +337,7 @@ impl Ingest {
             };
             let interpreted = self.contract.interpret(&incoming, now);
             match self.op(interpreted, pid, (topic, partition, offset)).await {
+                Ok(op) if fires_due => out.ops.push(fire_if_due(op, now)),
                 Ok(op) => out.ops.push(op),
                 Err(reject) => {
                     out.ops.push(IngestOp::Skip { pid, offset });
@@ -444,6 +446,22 @@ impl Ingest {
             }
             backoff.wait().await;
         }
+    }
+}
+
+/// `op` as a record that fires with its group, when it schedules one due by `now`.
+fn fire_if_due(op: IngestOp, now: u64) -> IngestOp {
+    match op {
+        IngestOp::Schedule {
+            pid,
+            offset,
+            schedule,
+        } if schedule.due_ms() <= now => IngestOp::Fire {
+            pid,
+            offset,
+            record: schedule,
+        },
+        op => op,
     }
 }
 

@@ -62,7 +62,7 @@ impl Finisher {
     /// records to the wheel: the next offset of each partition made safe (none when the mode
     /// did not make it safe).
     pub(super) async fn finish(&self, mut group: Taken, guard: Option<Guard>) -> Settled {
-        let settled = self.make_safe(&group, guard).await;
+        let settled = self.make_safe(&mut group, guard).await;
         if !settled.is_empty() {
             self.to_wheel(&mut group.applied).await;
         }
@@ -72,7 +72,7 @@ impl Finisher {
     /// Makes `group` safe (holding `guard` until then) and stores its offsets: the next offset
     /// of each partition made safe (none when the mode did not make it safe, and then it is
     /// consumed again, here or by the partition's new owner).
-    async fn make_safe(&self, group: &Taken, guard: Option<Guard>) -> Settled {
+    async fn make_safe(&self, group: &mut Taken, guard: Option<Guard>) -> Settled {
         let mut last: Last<'_> = group
             .last
             .iter()
@@ -81,7 +81,7 @@ impl Finisher {
         let stored = Stored {
             ops: &group.ops,
             stamps: &group.stamps,
-            applied: &group.applied,
+            applied: &mut group.applied,
             last: &mut last,
             dead: &group.dead,
             dead_letters: &self.dead_letters,
@@ -136,7 +136,7 @@ impl Finisher {
     /// before it) is safe; `done` says when it is.
     fn linger(
         &self,
-        (group, guard): (Taken, Guard),
+        (mut group, guard): (Taken, Guard),
         until: Instant,
         after: Option<oneshot::Receiver<()>>,
         done: oneshot::Sender<()>,
@@ -167,7 +167,7 @@ impl Finisher {
             if let Some(after) = after {
                 let _ = after.await; // the group before it is safe, or its task ended
             }
-            let settled = this.make_safe(&group, Some(guard)).await;
+            let settled = this.make_safe(&mut group, Some(guard)).await;
             let _ = done.send(());
             settled
         });

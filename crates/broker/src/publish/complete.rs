@@ -13,11 +13,48 @@ use super::reports::{Completions, Sent};
 use super::{history, AttemptMap, Fault, Outcome, Publisher};
 use crate::backoff::Backoff;
 use crate::dead_letter::{DeadLetter, Origin};
+use crate::metrics::Metrics;
 use crate::scheduler::Wake;
 use crate::store::{ReadMark, Store, StoreError};
 use kafka_delay_core::id::RecordId;
 use kafka_delay_core::record::StoredRecord;
 use kafka_delay_core::record::{names, Header, HeaderRef, Reason, Reject};
+
+/// Records a delivered record's lateness and round trip (`released_ms`: when the fire limits
+/// let it go, its due time when none held it; `sent_ms`: handed to Kafka; `reported_ms`:
+/// acknowledged), and what the console shows of it.
+pub(crate) fn observe_delivery(
+    metrics: &Metrics,
+    (id, record): (RecordId, &StoredRecord),
+    (released_ms, sent_ms, reported_ms): (u64, u64, u64),
+) -> history::Fired {
+    // Lateness from load: from the time the fire limits let it go (its due time when none
+    // held it); what a limit added is kept apart.
+    let due_ms = record.due_ms();
+    metrics
+        .fire
+        .delivery_lateness
+        .observe(reported_ms.saturating_sub(released_ms.max(due_ms)) as f64 / 1000.0);
+    if released_ms > due_ms {
+        metrics
+            .fire
+            .limit_lateness
+            .observe((released_ms - due_ms) as f64 / 1000.0);
+    }
+    metrics
+        .fire
+        .produce_round_trip
+        .observe(reported_ms.saturating_sub(sent_ms) as f64 / 1000.0);
+    history::Fired {
+        id: id.0,
+        target: record.target().to_owned(),
+        key: history::text(record.key()),
+        delay_id: history::text(record.id()),
+        due_ms,
+        fired_ms: sent_ms,
+        acked_ms: reported_ms,
+    }
+}
 
 /// How often a delete after delivery is tried (over about 6 s) before it is given up.
 const TRIES: u32 = 8;
@@ -124,32 +161,11 @@ impl Publisher {
 
     /// Records a delivered record's lateness and round trip, and what the console shows of it.
     fn observe_delivery(&self, sent: &Sent, reported_ms: u64) -> history::Fired {
-        // Lateness from load: from the time the fire limits let it go (its due time when none
-        // held it); what a limit added is kept apart.
-        let due_ms = sent.record.due_ms();
-        self.metrics
-            .fire
-            .delivery_lateness
-            .observe(reported_ms.saturating_sub(sent.released_ms.max(due_ms)) as f64 / 1000.0);
-        if sent.released_ms > due_ms {
-            self.metrics
-                .fire
-                .limit_lateness
-                .observe((sent.released_ms - due_ms) as f64 / 1000.0);
-        }
-        self.metrics
-            .fire
-            .produce_round_trip
-            .observe(reported_ms.saturating_sub(sent.sent_ms) as f64 / 1000.0);
-        history::Fired {
-            id: sent.id.0,
-            target: sent.record.target().to_owned(),
-            key: history::text(sent.record.key()),
-            delay_id: history::text(sent.record.id()),
-            due_ms,
-            fired_ms: sent.sent_ms,
-            acked_ms: reported_ms,
-        }
+        observe_delivery(
+            &self.metrics,
+            (sent.id, &sent.record),
+            (sent.released_ms, sent.sent_ms, reported_ms),
+        )
     }
 
     /// Counts a failed delivery and decides: retry with backoff, or (a permanent failure too

@@ -36,12 +36,13 @@ use crate::metrics::Metrics;
 use crate::scheduler::{Due, Inserts};
 use crate::store::{ReadMark, Store};
 use crate::BoxFuture;
-pub(crate) use complete::delete_delivered;
+pub(crate) use complete::{delete_delivered, observe_delivery};
 pub use failure::{classify, Failure, RetryPolicy, ERROR_KINDS};
 use kafka_delay_core::clock::Clock;
 use kafka_delay_core::hashing::BuildMul;
 use kafka_delay_core::id::RecordId;
 use kafka_delay_core::limit::{Limiter, Limits};
+pub(crate) use produce::provenance;
 use reports::{Completions, PublishProducer, Reports, Sent};
 
 #[derive(Debug, Default, Clone, Copy)]

@@ -10,40 +10,21 @@ use rdkafka::producer::BaseRecord;
 
 use super::reports::Sent;
 use super::Publisher;
+use crate::store::Store;
 use kafka_delay_core::id::RecordId;
 use kafka_delay_core::record::names;
 use kafka_delay_core::record::StoredRecord;
 
 impl Publisher {
-    /// The record's headers and the provenance headers added to every published record, built
-    /// straight into librdkafka's headers (no copy of the record's own first, no string per
-    /// number, the source topic read in place).
+    /// The record's headers and the provenance headers added to every published record
+    /// ([`provenance`]).
     pub(crate) fn provenance(
         &self,
         id: RecordId,
         record: &StoredRecord,
         fired_ms: u64,
     ) -> OwnedHeaders {
-        let build = |topic: &str, partition: i32| {
-            let mut digits = [[0u8; 20]; 4];
-            let [p, o, d, f] = &mut digits;
-            let added = [
-                (names::ORIGIN_TOPIC, topic.as_bytes()),
-                (names::ORIGIN_PARTITION, decimal(i64::from(partition), p)),
-                (names::ORIGIN_OFFSET, decimal(id.offset(), o)),
-                (names::DUE_MS, decimal(record.due_ms() as i64, d)),
-                (names::FIRED_MS, decimal(fired_ms as i64, f)),
-            ];
-            let own = record.headers().map(|h| (h.key, h.value));
-            own.chain(added.into_iter().map(|(k, v)| (k, Some(v))))
-                .fold(
-                    OwnedHeaders::new_with_capacity(record.header_count() + added.len()),
-                    |acc, (key, value)| acc.insert(rdkafka::message::Header { key, value }),
-                )
-        };
-        self.store
-            .with_partition(id.pid(), build)
-            .unwrap_or_else(|| build("", 0))
+        provenance(&self.store, id, record, fired_ms)
     }
 
     /// Hands a record to the producer; its outcome arrives through [`Reports`]. A full queue
@@ -101,6 +82,37 @@ fn decimal(n: i64, buf: &mut [u8; 20]) -> &[u8] {
         buf[at] = b'-';
     }
     &buf[at..]
+}
+
+/// The record's headers and the provenance headers added to every published record, built
+/// straight into librdkafka's headers (no copy of the record's own first, no string per
+/// number, the source topic read in place).
+pub(crate) fn provenance(
+    store: &Store,
+    id: RecordId,
+    record: &StoredRecord,
+    fired_ms: u64,
+) -> OwnedHeaders {
+    let build = |topic: &str, partition: i32| {
+        let mut digits = [[0u8; 20]; 4];
+        let [p, o, d, f] = &mut digits;
+        let added = [
+            (names::ORIGIN_TOPIC, topic.as_bytes()),
+            (names::ORIGIN_PARTITION, decimal(i64::from(partition), p)),
+            (names::ORIGIN_OFFSET, decimal(id.offset(), o)),
+            (names::DUE_MS, decimal(record.due_ms() as i64, d)),
+            (names::FIRED_MS, decimal(fired_ms as i64, f)),
+        ];
+        let own = record.headers().map(|h| (h.key, h.value));
+        own.chain(added.into_iter().map(|(k, v)| (k, Some(v))))
+            .fold(
+                OwnedHeaders::new_with_capacity(record.header_count() + added.len()),
+                |acc, (key, value)| acc.insert(rdkafka::message::Header { key, value }),
+            )
+    };
+    store
+        .with_partition(id.pid(), build)
+        .unwrap_or_else(|| build("", 0))
 }
 
 #[cfg(test)]

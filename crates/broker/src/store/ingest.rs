@@ -35,6 +35,17 @@ pub enum IngestOp {
         /// The id.
         id: Vec<u8>,
     },
+    /// A record that fires in the same Kafka transaction that consumes it (due when ingested,
+    /// in the exactly-once mode): nothing is stored, the pending record with its id is
+    /// replaced (removed), and the offset advances.
+    Fire {
+        /// Source partition.
+        pid: Pid,
+        /// Source offset.
+        offset: i64,
+        /// What is published.
+        record: StoredRecord,
+    },
     /// Nothing to store (the record was dead-lettered); only the offset advances.
     Skip {
         /// Source partition.
@@ -49,6 +60,7 @@ impl IngestOp {
         match self {
             IngestOp::Schedule { pid, offset, .. }
             | IngestOp::Cancel { pid, offset, .. }
+            | IngestOp::Fire { pid, offset, .. }
             | IngestOp::Skip { pid, offset } => (*pid, *offset),
         }
     }
@@ -117,6 +129,11 @@ impl Store {
                     self.schedule(&mut b, pid, offset, schedule)?
                 }
                 IngestOp::Cancel { id, .. } => self.cancel_id(&mut b, IdKey::new(pid, id))?,
+                IngestOp::Fire { record, .. } => {
+                    if let Some(id) = record.id() {
+                        self.replace_id(&mut b, IdKey::new(pid, id))?;
+                    }
+                }
             }
         }
         let Building {
@@ -198,6 +215,18 @@ impl Store {
         Ok(())
     }
 
+    /// Adds to `b` the removal of the pending record with id `key`, replaced by a record that
+    /// fires at once and is never stored.
+    fn replace_id(&self, b: &mut Building<'_, '_>, key: IdKey) -> Result<()> {
+        if let Some((old, old_due)) = self.lookup_id(&b.overlay, &key)? {
+            self.remove_pending(b, old, old_due)?;
+            b.batch.delete::<Ids>(&key);
+            b.applied.replaced += 1;
+        }
+        b.overlay.insert(key, None);
+        Ok(())
+    }
+
     /// Adds to `b` the deletion of a pending record (replaced or cancelled) and its index entry.
     fn remove_pending(&self, b: &mut Building<'_, '_>, old: RecordId, old_due: u64) -> Result<()> {
         b.forget.push(old);
@@ -238,6 +267,11 @@ impl Store {
                 }
                 IngestOp::Cancel { pid, id, .. } => {
                     ids_seen.insert((*pid, id));
+                }
+                IngestOp::Fire { pid, record, .. } => {
+                    if let Some(id) = record.id() {
+                        ids_seen.insert((*pid, id));
+                    }
                 }
                 IngestOp::Skip { .. } => {}
             }

@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, warn};
 
+use super::due::Firing;
 use super::Exactly;
 use crate::backoff::Backoff;
 use crate::changelog::group_entries;
@@ -47,8 +48,14 @@ impl Durable for Exactly {
         OffsetCommit::WithGroup
     }
 
+    /// A transaction's worth of records: every group commits in a transaction of its own,
+    /// one after another, so the group is what a transaction holds.
     fn max_group(&self) -> usize {
-        super::super::WAITING_GROUP
+        self.max_group
+    }
+
+    fn fires_due(&self) -> bool {
+        self.at_ingest.on
     }
 
     fn broken(&self) -> Option<String> {
@@ -89,6 +96,8 @@ impl Exactly {
         let store = self.grouped.store();
         // Dead letters the topic refused as too large go again without their value.
         let mut valueless: HashSet<usize> = HashSet::new();
+        // Records due at ingest whose target refused them are stored after all.
+        let mut firing = Firing::default();
         let mut backoff = Backoff::standard();
         let mut stale_since: Option<Instant> = None;
         loop {
@@ -99,36 +108,37 @@ impl Exactly {
             if last.is_empty() {
                 return false;
             }
-            let (work, changelog) = self.group_work(
-                (ops, stamps, applied),
+            let sent_ms = self.at_ingest.now_ms();
+            let (work, layout) = self.group_work(
+                (ops, stamps, &*applied),
                 last,
                 (dead, dead_letters),
-                &valueless,
+                (&valueless, &firing, sent_ms),
             );
             let refused = match self.transactions.commit(work).await {
                 Ok(written) => {
-                    self.checkpoint(last, &changelog, &written);
+                    self.checkpoint(last, &layout.changelog, &written);
                     for (dl, _) in dead_of(dead, last) {
                         dead_letters.count(dl);
                     }
+                    self.at_ingest.fired(
+                        firing.firing(ops, last).map(|(_, id, record)| (id, record)),
+                        sent_ms,
+                    );
+                    applied.inserted.append(&mut firing.applied.inserted);
+                    applied.replaced += firing.applied.replaced;
                     return true;
                 }
                 Err(TxnError::Rejected(refused)) => {
-                    // The records after the changelog entries are the dead letters; those too
-                    // large go again without their values.
-                    let mut again = false;
-                    for (index, error) in &refused {
-                        let letter = index
-                            .checked_sub(changelog.len())
-                            .and_then(|i| dead_of(dead, last).nth(i));
-                        if let Some((dl, at)) = letter.filter(|(_, at)| {
-                            dead_letter::too_large(error) && !valueless.contains(at)
-                        }) {
-                            warn!(origin = %dl.origin.topic, partition = dl.origin.partition,
-                                  offset = dl.origin.offset,
-                                  "dead letter too large; sending it without its value");
-                            valueless.insert(at);
-                            again = true;
+                    let (to_store, shortened) =
+                        sort_refused(&refused, &layout, (dead, last), &valueless);
+                    let mut again = !shortened.is_empty();
+                    valueless.extend(shortened);
+                    if !to_store.is_empty() {
+                        match firing.store(store, (ops, stamps), &to_store, sent_ms).await {
+                            Ok(()) => again = true,
+                            Err(e) => error!(error = %e,
+                                "cannot store records their target refused at ingest; retrying"),
                         }
                     }
                     if again {
@@ -139,27 +149,37 @@ impl Exactly {
                 Err(e) => e,
             };
             error!(error = %refused, "cannot commit an ingested group; consumption paused, retrying");
-            if let TxnError::Stale { forgotten, .. } = refused {
-                let since = *stale_since.get_or_insert_with(Instant::now);
-                let limit = if forgotten { FORGOTTEN_FOR } else { STALE_FOR };
-                if since.elapsed() >= limit {
-                    error!(secs = since.elapsed().as_secs(), forgotten, "this member's consumer group moved on and it cannot rejoin while ingest waits on a commit; starting the instance again");
-                    *self.broken.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!(
-                        "the consumer group moved on for {} s: {refused}",
-                        since.elapsed().as_secs()
-                    ));
-                    return false;
-                }
-            } else {
-                stale_since = None;
+            if self.gives_up(&refused, &mut stale_since) {
+                return false;
             }
             backoff.wait().await;
         }
     }
 
+    /// Whether ingest gives up on a group that did not commit because the consumer group
+    /// moved on (for [`STALE_FOR`], or [`FORGOTTEN_FOR`] once the coordinator forgot this
+    /// member, since `stale_since`): the instance must start again ([`Durable::broken`]).
+    fn gives_up(&self, refused: &TxnError, stale_since: &mut Option<Instant>) -> bool {
+        let TxnError::Stale { forgotten, .. } = refused else {
+            *stale_since = None;
+            return false;
+        };
+        let since = *stale_since.get_or_insert_with(Instant::now);
+        let limit = if *forgotten { FORGOTTEN_FOR } else { STALE_FOR };
+        if since.elapsed() < limit {
+            return false;
+        }
+        error!(secs = since.elapsed().as_secs(), forgotten, "this member's consumer group moved on and it cannot rejoin while ingest waits on a commit; starting the instance again");
+        *self.broken.lock().unwrap_or_else(|e| e.into_inner()) = Some(format!(
+            "the consumer group moved on for {} s: {refused}",
+            since.elapsed().as_secs()
+        ));
+        true
+    }
+
     /// The transaction of a group: each partition's changelog entries (records, what they
-    /// removed, the next source offset), then the dead letters, and the source offsets.
-    /// Also returns the partition of each changelog entry, in order.
+    /// removed, the next source offset), then the dead letters, then the target records of
+    /// the records due at ingest (handed to Kafka at `sent_ms`), and the source offsets.
     fn group_work(
         &self,
         (ops, stamps, applied): (
@@ -169,24 +189,29 @@ impl Exactly {
         ),
         last: &Last<'_>,
         (dead, dead_letters): (&[DeadLetter], &DeadLetters),
-        valueless: &HashSet<usize>,
-    ) -> (Work, Vec<Pid>) {
+        (valueless, firing, sent_ms): (&HashSet<usize>, &Firing, u64),
+    ) -> (Work, Layout) {
         let changelog = self.grouped.changelog();
-        let mut by_pid = group_entries(
+        let topic_of = |pid| last.get(&pid).map(|&(topic, ..)| topic);
+        let mut by_pid = group_entries(changelog, (ops, stamps), applied, topic_of, |_, _| true);
+        let stored = group_entries(
             changelog,
-            (ops, stamps),
-            applied,
-            |pid| last.get(&pid).map(|&(topic, ..)| topic),
+            (&firing.ops, &firing.stamps),
+            &firing.applied,
+            topic_of,
             |_, _| true,
         );
+        for (pid, entries) in stored {
+            by_pid.entry(pid).or_default().extend(entries);
+        }
         let mut work = Work::default();
-        let mut partitions = Vec::new();
+        let mut layout = Layout::default();
         for (pid, &(topic, partition, offset)) in last {
             let entries = by_pid.entry(*pid).or_default();
             entries.push(Entry::SourceOffset(offset + 1));
             for e in entries.iter() {
                 work.records.push(changelog.out(topic, partition, e));
-                partitions.push(*pid);
+                layout.changelog.push(*pid);
             }
             work.offsets.push((topic.to_owned(), partition, offset + 1));
             work.partitions.push(*pid);
@@ -194,8 +219,15 @@ impl Exactly {
         for (dl, at) in dead_of(dead, last) {
             work.records
                 .push(dead_letters.out(dl, !valueless.contains(&at)));
+            layout.dead += 1;
         }
-        (work, partitions)
+        let store = self.grouped.store();
+        for (place, id, record) in firing.firing(ops, last) {
+            work.records
+                .push(self.at_ingest.out(store, id, record, sent_ms));
+            layout.fires.push(place);
+        }
+        (work, layout)
     }
 
     /// After the commit: each partition's checkpoint (the changelog offset after its last
@@ -221,6 +253,51 @@ impl Exactly {
             }
         }
     }
+}
+
+/// What to do with the records of a group's transaction that Kafka refused: the records due
+/// at ingest to store after all (their places in the group's operations), and the dead letters
+/// too large to send again without their values (their places in `dead`). The records after
+/// the changelog entries are the dead letters, then the records due at ingest.
+fn sort_refused(
+    refused: &[(usize, rdkafka::error::KafkaError)],
+    layout: &Layout,
+    (dead, last): (&[DeadLetter], &Last<'_>),
+    valueless: &HashSet<usize>,
+) -> (Vec<usize>, Vec<usize>) {
+    let (mut to_store, mut shortened) = (Vec::new(), Vec::new());
+    for (index, error) in refused {
+        let Some(at) = index.checked_sub(layout.changelog.len()) else {
+            continue;
+        };
+        if let Some(&place) = at
+            .checked_sub(layout.dead)
+            .and_then(|i| layout.fires.get(i))
+        {
+            warn!(error = %error, "a record due at ingest was refused by its target; it fires \
+                  through the wheel, retried and dead-lettered as any record");
+            to_store.push(place);
+        } else if let Some((dl, at)) = dead_of(dead, last)
+            .nth(at)
+            .filter(|(_, at)| dead_letter::too_large(error) && !valueless.contains(at))
+        {
+            warn!(origin = %dl.origin.topic, partition = dl.origin.partition,
+                  offset = dl.origin.offset, "dead letter too large; sending it without its value");
+            shortened.push(at);
+        }
+    }
+    (to_store, shortened)
+}
+
+/// Where a group's records are in its transaction.
+#[derive(Debug, Default)]
+struct Layout {
+    /// The partition of each changelog entry, in order (they come first).
+    changelog: Vec<Pid>,
+    /// How many dead letters follow them.
+    dead: usize,
+    /// The place in the group's operations of each target record after those.
+    fires: Vec<usize>,
 }
 
 /// The dead letters of the partitions in `last`, with their place in `dead`.

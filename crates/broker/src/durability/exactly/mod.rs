@@ -4,10 +4,14 @@
 //! the group's offsets of their source partitions) in another (`fire.rs`). Both go through one
 //! transaction loop, started before anything fires (`start.rs`).
 //!
+//! A record already due when it is ingested fires in its group's transaction instead, and is
+//! never stored (`due.rs`).
+//!
 //! A firing transaction commits the source offsets ingest has committed ([`Consumed`]), so that
 //! the group coordinator fences a member whose generation is over; a partition restored here
 //! first drops what an ingest whose transaction never committed left in RocksDB.
 
+mod due;
 mod fire;
 mod ingest;
 mod start;
@@ -30,6 +34,10 @@ pub(super) struct Exactly {
     grouped: Arc<Grouped>,
     transactions: Transactions,
     consumed: Arc<Consumed>,
+    /// Records due when ingested fire with their group ([`due`]).
+    at_ingest: due::AtIngest,
+    /// Most records in an ingest group (`--transaction-records`).
+    max_group: usize,
     /// Set when ingest found this member's group gone ([`crate::ingest::Durable::broken`]).
     broken: Mutex<Option<String>>,
 }

@@ -8,6 +8,7 @@ use rdkafka::consumer::Consumer;
 use tokio::task::JoinHandle;
 use tracing::info;
 
+use super::due::AtIngest;
 use super::{Consumed, Exactly};
 use crate::config::{millis, Config};
 use crate::durability::{Context, DurabilityError, Grouped};
@@ -73,7 +74,7 @@ pub(in crate::durability) async fn start(
             lookup::committed(&client, on_changelog, within)
         })
     };
-    let metrics = metrics.clone();
+    let observed = metrics.clone();
     let setup = Setup {
         group,
         cut: Cut {
@@ -90,12 +91,12 @@ pub(in crate::durability) async fn start(
         #[cfg(feature = "failpoints")]
         lose_answers: Arc::default(),
         observe: Some(Arc::new(move |outcome, took| {
-            metrics
+            observed
                 .broker
                 .transactions
                 .with_label_values(&[outcome])
                 .inc();
-            metrics
+            observed
                 .broker
                 .transaction_seconds
                 .observe(took.as_secs_f64());
@@ -113,10 +114,18 @@ pub(in crate::durability) async fn start(
     info!(transactional_id = %id, records = config.cluster.transaction_records,
           interval_ms = millis(config.cluster.transaction_interval),
           "exactly-once: records fire in transactions");
+    let at_ingest = AtIngest {
+        on: config.fire.limits.is_empty(),
+        clock: cx.clock.clone(),
+        metrics: metrics.clone(),
+        history: cx.history.clone(),
+    };
     let exactly = Exactly {
         grouped,
         transactions,
         consumed,
+        at_ingest,
+        max_group: config.cluster.transaction_records,
         broken: std::sync::Mutex::default(),
     };
     Ok((Arc::new(exactly), task))

@@ -101,6 +101,66 @@ fn the_same_id_replaces_and_a_cancel_removes_in_the_same_partition_only() {
 }
 
 #[test]
+fn a_record_fired_at_ingest_is_not_stored_and_replaces_the_pending_one_with_its_id() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let p = store.partition_id("delay.in", 0).unwrap();
+    let a = store
+        .apply(
+            &[
+                IngestOp::Schedule {
+                    pid: p,
+                    offset: 0,
+                    schedule: sched(Some("x"), 5_000, "later"),
+                },
+                IngestOp::Schedule {
+                    pid: p,
+                    offset: 1,
+                    schedule: sched(Some("y"), 6_000, "kept"),
+                },
+            ],
+            0,
+        )
+        .unwrap();
+    let b = store
+        .apply(
+            &[
+                IngestOp::Fire {
+                    pid: p,
+                    offset: 2,
+                    record: sched(Some("x"), 100, "now"),
+                },
+                IngestOp::Fire {
+                    pid: p,
+                    offset: 3,
+                    record: sched(None, 100, "no id"),
+                },
+            ],
+            200,
+        )
+        .unwrap();
+    assert!(b.inserted.is_empty(), "{:?}", b.inserted);
+    assert_eq!(b.replaced, 1);
+    assert_eq!(b.removed, vec![a.inserted[0].1]);
+    assert_eq!(pending(&store), vec![(6_000, a.inserted[1].1)]);
+    assert_eq!(store.pending(), 1);
+    assert_eq!(store.next_offsets().unwrap()[&p], 4);
+    // The id maps to nothing now: a record scheduled with it later replaces nothing.
+    let c = store
+        .apply(
+            &[IngestOp::Schedule {
+                pid: p,
+                offset: 4,
+                schedule: sched(Some("x"), 7_000, "again"),
+            }],
+            200,
+        )
+        .unwrap();
+    assert_eq!(c.replaced, 0);
+    assert_eq!(store.pending(), 2);
+}
+
+#[test]
 fn reschedule_and_cancel_in_one_batch_see_each_other() {
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
