@@ -41,6 +41,10 @@ pub struct ModesArgs {
     /// Where to write the results as JSON.
     #[arg(long, default_value = "bench-modes.json")]
     pub json: PathBuf,
+    /// Another flag for the broker in every mode (repeatable), e.g.
+    /// `--broker-flag=--transaction-records=2048`.
+    #[arg(long = "broker-flag", allow_hyphen_values = true)]
+    pub broker_flags: Vec<String>,
 }
 
 /// A durability mode, as the flags that pick it.
@@ -143,7 +147,7 @@ pub async fn run_modes(args: &ModesArgs) -> Result<Vec<ModesRow>, BenchError> {
         .split(',')
         .map(Mode::parse)
         .collect::<Result<_, _>>()?;
-    let kafka = Kafka::connect(args.brokers.as_deref(), args.partitions, &[])?;
+    let kafka = Kafka::connect(args.brokers.as_deref(), args.partitions, &args.broker_flags)?;
     let rounds = args.rounds.max(1);
     let mut rows = Vec::new();
     for (i, &size) in sizes.iter().enumerate() {
