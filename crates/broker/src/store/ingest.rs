@@ -203,28 +203,36 @@ impl Store {
 
     /// Adds to `b` the cancel of the pending record with id `key`, if any.
     fn cancel_id(&self, b: &mut Building<'_, '_>, key: IdKey) -> Result<()> {
-        match self.lookup_id(&b.overlay, &key)? {
-            Some((old, old_due)) => {
-                self.remove_pending(b, old, old_due)?;
-                b.batch.delete::<Ids>(&key);
-                b.applied.cancelled += 1;
-            }
-            None => b.applied.cancel_missed += 1,
+        if self.remove_id(b, key)? {
+            b.applied.cancelled += 1;
+        } else {
+            b.applied.cancel_missed += 1;
         }
-        b.overlay.insert(key, None);
         Ok(())
     }
 
     /// Adds to `b` the removal of the pending record with id `key`, replaced by a record that
     /// fires at once and is never stored.
     fn replace_id(&self, b: &mut Building<'_, '_>, key: IdKey) -> Result<()> {
-        if let Some((old, old_due)) = self.lookup_id(&b.overlay, &key)? {
-            self.remove_pending(b, old, old_due)?;
-            b.batch.delete::<Ids>(&key);
+        if self.remove_id(b, key)? {
             b.applied.replaced += 1;
         }
-        b.overlay.insert(key, None);
         Ok(())
+    }
+
+    /// Adds to `b` the removal of the pending record with id `key` and of the id's mapping;
+    /// whether there was one.
+    fn remove_id(&self, b: &mut Building<'_, '_>, key: IdKey) -> Result<bool> {
+        let removed = match self.lookup_id(&b.overlay, &key)? {
+            Some((old, old_due)) => {
+                self.remove_pending(b, old, old_due)?;
+                b.batch.delete::<Ids>(&key);
+                true
+            }
+            None => false,
+        };
+        b.overlay.insert(key, None);
+        Ok(removed)
     }
 
     /// Adds to `b` the deletion of a pending record (replaced or cancelled) and its index entry.
