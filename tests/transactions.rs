@@ -492,8 +492,24 @@ async fn apache_kafka_a_restore_waits_for_a_transaction_open_in_the_changelog() 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_exactly_once_fires_a_record_due_at_ingest_in_the_transaction_that_consumes_it(
 ) {
+    fires_due_at_ingest(&["--exactly-once"]).await;
+}
+
+/// With the changelog (at least once), a record already due when it is ingested fires at once
+/// and is never stored: the changelog holds nothing of it, as with exactly-once. Without a
+/// linger every record that waits gets an entry and a tombstone, so the changelog shows which
+/// records were stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn apache_kafka_changelog_fires_a_record_due_at_ingest_without_storing_it() {
+    fires_due_at_ingest(&["--changelog", "--changelog-linger", "0s"]).await;
+}
+
+/// Records due at ingest, run with `flags`: each arrives once, the one they replace never, the
+/// one its target refuses reaches the dead-letter topic, and the changelog holds entries only
+/// for the record that waited and the refused one.
+async fn fires_due_at_ingest(flags: &[&str]) {
     use kafka_delay_core::changelog::{decode, Restored};
-    let env = common::Env::start(1, &["--exactly-once"]).await;
+    let env = common::Env::start(1, flags).await;
     let (kafka, t) = (&env.kafka, &env.t);
     let small = format!("small-{}", t.id);
     kafka

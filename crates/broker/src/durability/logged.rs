@@ -7,43 +7,106 @@
 //! group is written only after the linger: a record that fired by then is left out of it and
 //! gets no tombstone ([`crate::changelog::unlogged`]). Until the group is written its source
 //! offsets are not stored, so a crash reads it again from the source topic.
+//!
+//! A record already due when it is ingested is handed to its target at once and never stored
+//! ([`super::due`]); its group's source offsets reach the changelog only once its target has
+//! acknowledged it.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::IntGauge;
+use rdkafka::producer::FutureProducer;
 use tracing::{error, warn};
 
+use super::due::{AtIngest, Firing};
 use super::grouped::Grouped;
 use crate::backoff::Backoff;
 use crate::changelog::group_entries;
-use crate::ingest::{Durable, Guard, OffsetCommit, Stored};
+use crate::ingest::{Durable, Guard, Last, OffsetCommit, Sending, Stored};
 use crate::publish::reports::Sent;
 use crate::publish::{Delivery, Publisher};
-use crate::store::{Applied, ReadMark, StoreError};
+use crate::store::{Applied, IngestOp, ReadMark, StoreError};
 use crate::BoxFuture;
 use kafka_delay_core::changelog::{Checkpoint, Entry};
 use kafka_delay_core::id::{Pid, RecordId};
 
 /// The changelog mode.
-#[derive(Debug)]
 pub struct Logged {
     grouped: Arc<Grouped>,
     /// How long a group's records are in the wheel before the group is written (zero: none).
     linger: Duration,
     /// How many records are in the wheel and not yet in the changelog.
     lingering: IntGauge,
+    /// Records due when ingested fire at once, through this producer.
+    at_ingest: AtIngest,
+    producer: FutureProducer,
+}
+
+impl std::fmt::Debug for Logged {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Logged")
+            .field("linger", &self.linger)
+            .field("at_ingest", &self.at_ingest)
+            .finish_non_exhaustive()
+    }
 }
 
 impl Logged {
     /// Over the group's parts, each group written `linger` after its records reach the wheel;
-    /// `lingering` shows how many records wait for that.
-    pub fn new(grouped: Arc<Grouped>, linger: Duration, lingering: IntGauge) -> Self {
+    /// `lingering` shows how many records wait for that. Records due when ingested fire
+    /// through `producer` at once, unless `at_ingest` is off.
+    pub(super) fn new(
+        grouped: Arc<Grouped>,
+        (linger, lingering): (Duration, IntGauge),
+        (at_ingest, producer): (AtIngest, FutureProducer),
+    ) -> Self {
         Self {
             grouped,
             linger,
             lingering,
+            at_ingest,
+            producer,
+        }
+    }
+
+    /// Waits until the group's records due at ingest reached their targets, and stores the
+    /// ones their target refused in `firing`, to fire through the wheel. `false` when
+    /// stopping first.
+    async fn settle_fires(
+        &self,
+        sending: Sending,
+        firing: &mut Firing,
+        group: &Stored<'_, '_>,
+    ) -> bool {
+        let refused = match sending.await {
+            Ok(refused) => refused,
+            Err(e) => {
+                error!(error = %e, "the records due at ingest of a group were not followed to \
+                       their targets; they are stored and fire again");
+                firing
+                    .firing(group.ops, group.last)
+                    .map(|(place, ..)| place)
+                    .collect()
+            }
+        };
+        if refused.is_empty() {
+            return true;
+        }
+        let mut backoff = Backoff::standard();
+        loop {
+            let now = self.at_ingest.now_ms();
+            let ops = (group.ops, group.stamps);
+            match firing.store(self.grouped.store(), ops, &refused, now).await {
+                Ok(()) => return true,
+                Err(e) => error!(error = %e,
+                    "cannot store records their target refused at ingest; retrying"),
+            }
+            if group.stopping.is_some_and(|s| *s.borrow()) {
+                return false;
+            }
+            backoff.wait().await;
         }
     }
 
@@ -58,8 +121,14 @@ impl Logged {
     /// before the first acknowledgement is awaited, so a group waits about one round trip
     /// whatever number of partitions it touches. A partition whose write failed is written
     /// again until it works; `false` when stopping first.
-    async fn log_changes(&self, group: Stored<'_, '_>) -> bool {
+    async fn log_changes(&self, mut group: Stored<'_, '_>) -> bool {
         let g = &self.grouped;
+        let mut firing = Firing::default();
+        if let Some(sending) = group.sending.take() {
+            if !self.settle_fires(sending, &mut firing, &group).await {
+                return false;
+            }
+        }
         let unlogged = g.changelog().unlogged();
         // A lingering group's entries are decided and handed to the producer in the order of
         // the tombstones of its records that fired meanwhile.
@@ -77,6 +146,17 @@ impl Logged {
                 ordered.is_none() || RecordId::new(pid, offset).is_some_and(|id| unlogged.take(id))
             },
         );
+        // Records stored after all reach the wheel once the group is written.
+        let stored = group_entries(
+            g.changelog(),
+            (&firing.ops, &firing.stamps),
+            &firing.applied,
+            |pid| group.last.get(&pid).map(|&(topic, ..)| topic),
+            |_, _| true,
+        );
+        for (pid, entries) in stored {
+            by_pid.entry(pid).or_default().extend(entries);
+        }
         let mut writes = Vec::with_capacity(group.last.len());
         for (pid, &(topic, partition, offset)) in group.last.iter() {
             let mut entries = by_pid.remove(pid).unwrap_or_default();
@@ -114,6 +194,7 @@ impl Logged {
                 warn!(%topic, partition, error = %e, "cannot write the changelog checkpoint");
             }
         }
+        firing.into_group(group.applied);
         true
     }
 
@@ -190,6 +271,26 @@ impl Durable for Logged {
 
     fn max_group(&self) -> usize {
         super::WAITING_GROUP
+    }
+
+    fn fires_due(&self) -> bool {
+        self.at_ingest.on
+    }
+
+    fn fire_now<'a, 'm: 'a>(
+        &'a self,
+        ops: &'a Arc<Vec<IngestOp>>,
+        last: &'a Last<'m>,
+    ) -> BoxFuture<'a, Option<Sending>> {
+        Box::pin(async move {
+            if !self.at_ingest.on {
+                return None;
+            }
+            let store = self.grouped.store();
+            self.at_ingest
+                .send((&self.producer, store), ops, last)
+                .await
+        })
     }
 }
 

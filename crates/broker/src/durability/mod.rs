@@ -17,6 +17,7 @@
 //! and the flags (`config/`) know the modes exist: `scripts/mode.py` checks it.
 
 mod choice;
+mod due;
 mod exactly;
 mod grouped;
 mod local;
@@ -362,10 +363,14 @@ impl Prepared {
                 tasks: Vec::new(),
             },
             Kind::Logged(g, movers) => {
+                let at_ingest = due::AtIngest::new(&config, &cx, &metrics);
                 let logged = Arc::new(Logged::new(
                     g.clone(),
-                    config.cluster.changelog_linger,
-                    metrics.broker.changelog_lingering.clone(),
+                    (
+                        config.cluster.changelog_linger,
+                        metrics.broker.changelog_lingering.clone(),
+                    ),
+                    (at_ingest, due::producer(&config).await?),
                 ));
                 let mut tasks = movers.start(&cx, &config);
                 tasks.push(watch_values(&g, &store, &config, &cx));

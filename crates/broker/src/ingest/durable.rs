@@ -2,6 +2,7 @@
 //! offsets committed, and what happens when partitions change owner.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::BaseConsumer;
@@ -24,6 +25,11 @@ pub type Last<'m> = HashMap<Pid, (&'m str, i32, i64)>;
 /// is.
 pub type Guard = Box<dyn Send>;
 
+/// The target records of a group's records due at ingest, handed to the producer at once
+/// ([`Durable::fire_now`]): the task waiting for their acknowledgements, which ends with the
+/// places in the group's operations of the records their target refused.
+pub type Sending = tokio::task::JoinHandle<Vec<usize>>;
+
 /// A group of records RocksDB has taken, for the durability mode to make safe beyond this disk.
 #[derive(Debug)]
 pub struct Stored<'a, 'm> {
@@ -43,6 +49,9 @@ pub struct Stored<'a, 'm> {
     pub dead_letters: &'a DeadLetters,
     /// Turns true when the broker stops: a write that keeps failing gives up then.
     pub stopping: Option<&'a watch::Receiver<bool>>,
+    /// The group's records due at ingest, on their way to their targets
+    /// ([`Durable::fire_now`]).
+    pub sending: Option<Sending>,
 }
 
 /// How a group's source offsets reach the consumer group.
@@ -102,11 +111,21 @@ pub trait Durable: Send + Sync + std::fmt::Debug {
         None
     }
     /// Whether a record already due when it is ingested fires with its group
-    /// ([`IngestOp::Fire`]: published by [`Durable::after_store`] in the same Kafka transaction
-    /// that commits its source offset, never stored) rather than through the store and the
-    /// wheel.
+    /// ([`IngestOp::Fire`], never stored) rather than through the store and the wheel:
+    /// published by [`Durable::after_store`] in the Kafka transaction that commits its source
+    /// offset, or handed to the producer at once by [`Durable::fire_now`].
     fn fires_due(&self) -> bool {
         false
+    }
+    /// Once RocksDB took the group: hands the target records of its records due at ingest
+    /// to the producer at once, for a mode that fires them at least once; the group's source
+    /// offsets are made safe only after their acknowledgements ([`Stored::sending`]).
+    fn fire_now<'a, 'm: 'a>(
+        &'a self,
+        _ops: &'a Arc<Vec<IngestOp>>,
+        _last: &'a Last<'m>,
+    ) -> BoxFuture<'a, Option<Sending>> {
+        Box::pin(async { None })
     }
     /// How source offsets reach the group.
     fn offset_commit(&self) -> OffsetCommit;

@@ -41,7 +41,7 @@ use tracing::{debug, error, info, warn};
 
 pub use consumer::{consumer, consumer_config, ready_now, subscribe, Broken};
 pub use context::IngestContext;
-pub use durable::{Durable, Guard, Last, OffsetCommit, Rebalance, Stored};
+pub use durable::{Durable, Guard, Last, OffsetCommit, Rebalance, Sending, Stored};
 pub use topics::TopicCreator;
 
 use crate::backoff::Backoff;
@@ -249,7 +249,9 @@ impl Ingest {
             return;
         };
         crate::failpoint::hit("after-store-write");
+        let sending = self.durability.fire_now(&ops, &last).await;
         let taken = Taken {
+            sending,
             ops,
             stamps,
             applied,

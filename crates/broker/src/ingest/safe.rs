@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, error, warn};
 
-use super::{Durable, Guard, IngestContext, Last, OffsetCommit, Stored};
+use super::{Durable, Guard, IngestContext, Last, OffsetCommit, Sending, Stored};
 use crate::dead_letter::{DeadLetter, DeadLetters};
 use crate::metrics::Metrics;
 use crate::scheduler::{Inserts, Wake};
@@ -40,6 +40,8 @@ pub(super) struct Taken {
     pub last: HashMap<Pid, (String, i32, i64)>,
     /// The group's rejected records.
     pub dead: Vec<DeadLetter>,
+    /// Its records due at ingest, on their way to their targets.
+    pub sending: Option<Sending>,
 }
 
 /// The next offset of each partition a group made safe.
@@ -86,6 +88,7 @@ impl Finisher {
             dead: &group.dead,
             dead_letters: &self.dead_letters,
             stopping: self.stopping.as_ref(),
+            sending: group.sending.take(),
         };
         let safe = self.durability.after_store(stored).await;
         drop(guard);
@@ -105,13 +108,13 @@ impl Finisher {
         settled
     }
 
-    /// Hands the group's new records to the wheel and counts what it did.
+    /// Hands the group's new records to the wheel and counts what it did (once: a second
+    /// call hands over and counts only what was added since).
     pub(super) async fn to_wheel(&self, applied: &mut Applied) {
-        self.metrics.ingest.replaced.inc_by(applied.replaced as u64);
-        self.metrics
-            .ingest
-            .cancelled
-            .inc_by(applied.cancelled as u64);
+        let replaced = std::mem::take(&mut applied.replaced);
+        let cancelled = std::mem::take(&mut applied.cancelled);
+        self.metrics.ingest.replaced.inc_by(replaced as u64);
+        self.metrics.ingest.cancelled.inc_by(cancelled as u64);
         self.metrics
             .pending
             .records
@@ -169,6 +172,10 @@ impl Finisher {
             }
             let settled = this.make_safe(&mut group, Some(guard)).await;
             let _ = done.send(());
+            if !settled.is_empty() {
+                // Records due at ingest that their target refused, stored after all.
+                this.to_wheel(&mut group.applied).await;
+            }
             settled
         });
         InFlight {

@@ -9,11 +9,11 @@ use std::time::{Duration, Instant};
 
 use tracing::{error, warn};
 
-use super::due::Firing;
 use super::Exactly;
 use crate::backoff::Backoff;
 use crate::changelog::group_entries;
 use crate::dead_letter::{self, DeadLetter, DeadLetters};
+use crate::durability::due::Firing;
 use crate::ingest::{Durable, Last, OffsetCommit, Stored};
 use crate::store::StoreError;
 use crate::txn::{TxnError, Work};
@@ -92,6 +92,7 @@ impl Exactly {
             dead,
             dead_letters,
             stopping,
+            sending: _, // nothing is sent before the transaction
         } = group;
         let store = self.grouped.store();
         // Dead letters the topic refused as too large go again without their value.
@@ -125,8 +126,7 @@ impl Exactly {
                         firing.firing(ops, last).map(|(_, id, record)| (id, record)),
                         sent_ms,
                     );
-                    applied.inserted.append(&mut firing.applied.inserted);
-                    applied.replaced += firing.applied.replaced;
+                    firing.into_group(applied);
                     return true;
                 }
                 Err(TxnError::Rejected(refused)) => {

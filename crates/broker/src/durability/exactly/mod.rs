@@ -5,13 +5,12 @@
 //! transaction loop, started before anything fires (`start.rs`).
 //!
 //! A record already due when it is ingested fires in its group's transaction instead, and is
-//! never stored (`due.rs`).
+//! never stored ([`super::due`]).
 //!
 //! A firing transaction commits the source offsets ingest has committed ([`Consumed`]), so that
 //! the group coordinator fences a member whose generation is over; a partition restored here
 //! first drops what an ingest whose transaction never committed left in RocksDB.
 
-mod due;
 mod fire;
 mod ingest;
 mod start;
@@ -23,6 +22,7 @@ use tracing::{error, info};
 
 pub(super) use start::start;
 
+use super::due;
 use super::grouped::Grouped;
 use crate::store::Store;
 use crate::txn::Transactions;

@@ -8,9 +8,9 @@ use rdkafka::consumer::Consumer;
 use tokio::task::JoinHandle;
 use tracing::info;
 
-use super::due::AtIngest;
 use super::{Consumed, Exactly};
 use crate::config::{millis, Config};
+use crate::durability::due::AtIngest;
 use crate::durability::{Context, DurabilityError, Grouped};
 use crate::kafka::{transactional_producer_config, KafkaSetupError};
 use crate::metrics::Metrics;
@@ -114,12 +114,7 @@ pub(in crate::durability) async fn start(
     info!(transactional_id = %id, records = config.cluster.transaction_records,
           interval_ms = millis(config.cluster.transaction_interval),
           "exactly-once: records fire in transactions");
-    let at_ingest = AtIngest {
-        on: config.fire.limits.is_empty(),
-        clock: cx.clock.clone(),
-        metrics: metrics.clone(),
-        history: cx.history.clone(),
-    };
+    let at_ingest = AtIngest::new(config, cx, metrics);
     let exactly = Exactly {
         grouped,
         transactions,
