@@ -21,6 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 use tracing::warn;
 
@@ -214,7 +215,7 @@ impl AtIngest {
             if !last.contains_key(&id.pid()) {
                 continue;
             }
-            match produce(producer, self.out(store, id, record, sent_ms)).await {
+            match produce(producer, record, provenance(store, id, record, sent_ms)).await {
                 Ok(ack) => acks.push((place, ack)),
                 Err(e) => {
                     refused_at_ingest(&e);
@@ -251,15 +252,20 @@ fn refused_at_ingest(e: &KafkaError) {
           wheel, retried and dead-lettered as any record");
 }
 
-/// Hands `out` to `producer`, waiting while its queue is full: its acknowledgement.
-async fn produce(producer: &FutureProducer, out: Out) -> Result<DeliveryFuture, KafkaError> {
-    let mut headers = out.headers;
+/// Hands `record`'s target record, with `headers`, to `producer` (borrowing its key and
+/// value), waiting while the producer's queue is full: its acknowledgement.
+async fn produce(
+    producer: &FutureProducer,
+    record: &StoredRecord,
+    headers: OwnedHeaders,
+) -> Result<DeliveryFuture, KafkaError> {
+    let mut headers = Some(headers);
     loop {
-        let mut r = FutureRecord::<[u8], [u8]>::to(&out.topic);
-        if let Some(k) = &out.key {
+        let mut r = FutureRecord::<[u8], [u8]>::to(record.target());
+        if let Some(k) = record.key() {
             r = r.key(k);
         }
-        if let Some(v) = &out.value {
+        if let Some(v) = record.value() {
             r = r.payload(v);
         }
         if let Some(h) = headers.take() {
