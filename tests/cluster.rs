@@ -344,7 +344,9 @@ async fn apache_kafka_a_data_dir_wiped_within_the_changelog_linger_loses_nothing
 /// Records that fire within the changelog's linger, before their group is written, cost the
 /// changelog nothing: no entry, no tombstone; once the group is written its source offsets
 /// are, so a wiped disk fires none of them again. The control, `--changelog-linger 0s`, writes
-/// every record's entry and then its tombstone.
+/// every record's entry and then its tombstone. The records are due half a second after they
+/// are sent: not yet due when ingested (those are never stored, linger or not), due well
+/// within the linger.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn apache_kafka_records_that_fire_within_the_changelog_linger_write_nothing_to_the_changelog()
 {
@@ -358,7 +360,11 @@ async fn apache_kafka_records_that_fire_within_the_changelog_linger_write_nothin
         let (data, logs) = (TempDir::new().unwrap(), TempDir::new().unwrap());
         let a = spawn_flags(&kafka, &t, (data.path(), logs.path()), "a", flags);
         wait_ready(a.port, Duration::from_secs(60)).await;
-        let at = now_ms();
+        // Consuming already, so that the records are ingested before they are due.
+        let probe = format!("probe-{}", t.id);
+        kafka.create_target_topic(&probe, 1).await;
+        wait_consuming(&kafka, &t, &probe).await;
+        let at = now_ms() + 500;
         let dues = produce_due(&kafka, &t, N, 2, |_| at).await;
         let got = read_all(&kafka, &t, 2, N, Duration::from_secs(60)).await;
         let result = tally(&got, &dues);
@@ -380,8 +386,6 @@ async fn apache_kafka_records_that_fire_within_the_changelog_linger_write_nothin
         std::fs::create_dir(data.path()).unwrap();
         let a = spawn_flags(&kafka, &t, (data.path(), logs.path()), "a", flags);
         wait_ready(a.port, Duration::from_secs(60)).await;
-        let probe = format!("probe-{}", t.id);
-        kafka.create_target_topic(&probe, 1).await;
         wait_consuming(&kafka, &t, &probe).await;
         let got = read_all(&kafka, &t, 2, N, Duration::from_secs(10)).await;
         let result = tally(&got, &dues);
