@@ -31,8 +31,9 @@ pub struct ModesArgs {
     pub rounds: usize,
     /// The modes to run, in this order in every round, comma-separated: `local`
     /// (`--no-changelog`), `changelog` (the default on such a cluster), `changelog-unlingered`
-    /// (`--changelog-linger 0s`: every record written to the changelog, as records due later
-    /// than the linger are), `changelog-copied` (`--changelog-copy-values`), `exactly-once`.
+    /// (`--changelog-linger 0s --no-fire-at-ingest`: every record stored and written to the
+    /// changelog, as records due later than the linger are), `changelog-copied` (the same with
+    /// `--changelog-copy-values`), `exactly-once`.
     #[arg(
         long,
         default_value = "local,changelog,changelog-unlingered,exactly-once"
@@ -55,11 +56,12 @@ pub enum Mode {
     Local,
     /// `--changelog`: RocksDB and the compacted changelog topic.
     Changelog,
-    /// `--changelog --changelog-linger 0s`: every record's entry written before it can fire,
-    /// and its tombstone after (what a record due after the linger costs).
+    /// `--changelog --changelog-linger 0s --no-fire-at-ingest`: every record stored, its
+    /// entry written before it can fire and its tombstone after (what a record due after the
+    /// linger costs).
     ChangelogUnlingered,
-    /// `--changelog --changelog-copy-values`: the changelog with every value copied into it
-    /// (no pointers to the source).
+    /// The same with `--changelog-copy-values`: every value copied into the changelog (no
+    /// pointers to the source).
     ChangelogCopied,
     /// `--exactly-once`: the changelog, and firing in Kafka transactions.
     ExactlyOnce,
@@ -97,8 +99,19 @@ impl Mode {
         match self {
             Self::Local => &["--no-changelog"],
             Self::Changelog => &["--changelog"],
-            Self::ChangelogUnlingered => &["--changelog", "--changelog-linger", "0s"],
-            Self::ChangelogCopied => &["--changelog", "--changelog-copy-values"],
+            Self::ChangelogUnlingered => &[
+                "--changelog",
+                "--changelog-linger",
+                "0s",
+                "--no-fire-at-ingest",
+            ],
+            Self::ChangelogCopied => &[
+                "--changelog",
+                "--changelog-linger",
+                "0s",
+                "--no-fire-at-ingest",
+                "--changelog-copy-values",
+            ],
             Self::ExactlyOnce => &["--exactly-once", "--instance-id", "bench"],
         }
     }

@@ -271,6 +271,12 @@ pub struct FireArgs {
     /// Fire limit over all targets together, RATE[,burst=N], on top of --fire-rate.
     #[arg(long, env = "KAFKA_DELAY_FIRE_RATE_GLOBAL", value_parser = Limits::parse_global)]
     pub fire_rate_global: Option<Rate>,
+    /// Store every record and fire it from the timing wheel, a record already due when it is
+    /// ingested too. By default, with the changelog, such a record is published at once and
+    /// never stored (with --exactly-once, in the transaction that consumes it); fire limits
+    /// switch that off as well. Without the changelog every record is stored.
+    #[arg(long, env = "KAFKA_DELAY_NO_FIRE_AT_INGEST")]
+    pub no_fire_at_ingest: bool,
 }
 
 /// Consumers' retries.

@@ -192,6 +192,9 @@ pub struct FireConfig {
     pub in_flight: usize,
     /// Fire rate limits and spreading.
     pub limits: Limits,
+    /// Whether a record due when it is ingested may fire at once, never stored (not with
+    /// `--no-fire-at-ingest`, nor with fire limits).
+    pub at_ingest: bool,
 }
 
 /// The HTTP server.

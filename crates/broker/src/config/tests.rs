@@ -182,6 +182,13 @@ fn bad_flags_say_what_to_fix() {
 }
 
 #[test]
+fn records_due_at_ingest_fire_at_once_unless_told_not_to() {
+    assert!(parse(&["--brokers", "a:1"]).unwrap().fire.at_ingest);
+    let off = parse(&["--brokers", "a:1", "--no-fire-at-ingest"]).unwrap();
+    assert!(!off.fire.at_ingest);
+}
+
+#[test]
 fn fire_limits_come_from_repeated_flags() {
     let c = parse(&[
         "--brokers",

@@ -389,6 +389,7 @@ impl RunArgs {
                 rules: f.fire_rate.clone(),
                 global: f.fire_rate_global,
             },
+            at_ingest: !f.no_fire_at_ingest,
         })
     }
 

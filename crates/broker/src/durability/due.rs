@@ -40,7 +40,7 @@ use kafka_delay_core::record::StoredRecord;
 /// What firing at ingest needs: whether it is on, and where a fire is counted.
 #[derive(Clone)]
 pub(in crate::durability) struct AtIngest {
-    /// Off with fire limits.
+    /// Off with fire limits, or `--no-fire-at-ingest`.
     pub(in crate::durability) on: bool,
     pub(in crate::durability) clock: Arc<dyn Clock>,
     pub(in crate::durability) metrics: Metrics,
@@ -129,11 +129,11 @@ impl Firing {
 }
 
 impl AtIngest {
-    /// On unless `config` sets fire limits; fires counted in `metrics` and the console's
-    /// history.
+    /// On unless `config` sets fire limits or `--no-fire-at-ingest`; fires counted in
+    /// `metrics` and the console's history.
     pub(in crate::durability) fn new(config: &Config, cx: &Context, metrics: &Metrics) -> Self {
         Self {
-            on: config.fire.limits.is_empty(),
+            on: config.fire.at_ingest && config.fire.limits.is_empty(),
             clock: cx.clock.clone(),
             metrics: metrics.clone(),
             history: cx.history.clone(),
