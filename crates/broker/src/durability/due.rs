@@ -157,7 +157,8 @@ impl AtIngest {
         }
     }
 
-    /// Counts records whose transaction committed: handed to Kafka at `sent_ms`.
+    /// Counts records that reached their target (acknowledged, or in a transaction that
+    /// committed): handed to Kafka at `sent_ms`.
     pub(in crate::durability) fn fired<'r>(
         &self,
         fired: impl IntoIterator<Item = (RecordId, &'r StoredRecord)>,
@@ -209,14 +210,14 @@ impl AtIngest {
         last: &Last<'_>,
     ) -> Option<Sending> {
         let sent_ms = self.clock.now_ms();
-        let mut acks: Vec<(usize, DeliveryFuture)> = Vec::new();
+        let mut acks: Vec<(usize, RecordId, DeliveryFuture)> = Vec::new();
         let mut refused = Vec::new();
         for (place, id, record) in due_at_ingest(ops) {
             if !last.contains_key(&id.pid()) {
                 continue;
             }
             match produce(producer, record, provenance(store, id, record, sent_ms)).await {
-                Ok(ack) => acks.push((place, ack)),
+                Ok(ack) => acks.push((place, id, ack)),
                 Err(e) => {
                     refused_at_ingest(&e);
                     refused.push(place);
@@ -229,9 +230,13 @@ impl AtIngest {
         let (at, ops) = (self.clone(), ops.clone());
         Some(tokio::spawn(async move {
             let mut delivered = Vec::with_capacity(acks.len());
-            for (place, ack) in acks {
+            for (place, id, ack) in acks {
                 match ack.await {
-                    Ok(Ok(_)) => delivered.push(place),
+                    Ok(Ok(_)) => {
+                        if let Some(IngestOp::Fire { record, .. }) = ops.get(place) {
+                            delivered.push((id, record));
+                        }
+                    }
                     Ok(Err((e, _))) => {
                         refused_at_ingest(&e);
                         refused.push(place);
@@ -239,8 +244,7 @@ impl AtIngest {
                     Err(_) => refused.push(place), // the producer is gone: not known delivered
                 }
             }
-            let fired = due_at_ingest(&ops).filter(|(i, ..)| delivered.binary_search(i).is_ok());
-            at.fired(fired.map(|(_, id, record)| (id, record)), sent_ms);
+            at.fired(delivered, sent_ms);
             refused
         }))
     }
