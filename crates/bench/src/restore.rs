@@ -54,6 +54,10 @@ pub struct Phase {
     pub records_per_s: f64,
     /// This process's CPU time per record, microseconds.
     pub cpu_us_per_record: f64,
+    /// Changelog entries per second in the restore proper (reading the changelog and the
+    /// values pointers name, writing RocksDB), from the broker's
+    /// `kafka_delay_restore_seconds_total`; none when the phase restored nothing.
+    pub restore_entries_per_s: Option<f64>,
 }
 
 /// Runs the three phases and prints them.
@@ -103,13 +107,16 @@ pub async fn run_restore(args: &RestoreArgs) -> Result<Vec<Phase>, BenchError> {
         phases.push(phase(name, &args.brokers, data.path(), &flags, args.records).await?);
     }
     println!(
-        "{:<40} {:>10} {:>14} {:>12} {:>12}",
-        "phase", "firing s", "all pending s", "records/s", "CPU us/rec"
+        "{:<40} {:>10} {:>14} {:>12} {:>12} {:>18}",
+        "phase", "firing s", "all pending s", "records/s", "CPU us/rec", "restore entries/s"
     );
     for p in &phases {
+        let restore = p
+            .restore_entries_per_s
+            .map_or_else(|| "-".to_owned(), |r| format!("{r:.0}"));
         println!(
-            "{:<40} {:>10.2} {:>14.2} {:>12.0} {:>12.2}",
-            p.name, p.firing_s, p.all_pending_s, p.records_per_s, p.cpu_us_per_record
+            "{:<40} {:>10.2} {:>14.2} {:>12.0} {:>12.2} {:>18}",
+            p.name, p.firing_s, p.all_pending_s, p.records_per_s, p.cpu_us_per_record, restore
         );
     }
     Ok(phases)
@@ -125,7 +132,8 @@ async fn phase(
     let cfg = config(brokers, data, flags)?;
     let watch = Stopwatch::start();
     let started = Instant::now();
-    let running = app::start(cfg, Arc::new(SystemClock), Registry::new()).await?;
+    let registry = Registry::new();
+    let running = app::start(cfg, Arc::new(SystemClock), registry.clone()).await?;
     let mut firing = None;
     let deadline = Instant::now() + Duration::from_secs(1_800);
     while running.store().pending() < records && Instant::now() < deadline {
@@ -137,11 +145,27 @@ async fn phase(
     let span = watch.stop();
     let all = started.elapsed();
     running.shutdown().await;
+    let (entries, seconds) = (
+        value(&registry, "kafka_delay_restored_entries_total"),
+        value(&registry, "kafka_delay_restore_seconds_total"),
+    );
     Ok(Phase {
         name,
         firing_s: firing.unwrap_or(all).as_secs_f64(),
         all_pending_s: all.as_secs_f64(),
         records_per_s: records as f64 / all.as_secs_f64(),
         cpu_us_per_record: span.cpu.as_secs_f64() * 1e6 / records as f64,
+        restore_entries_per_s: (entries > 0.0 && seconds > 0.0).then(|| entries / seconds),
     })
+}
+
+/// The value of the counter `name` in `registry` (0 when it has none).
+fn value(registry: &Registry, name: &str) -> f64 {
+    registry
+        .gather()
+        .iter()
+        .filter(|f| f.name() == name)
+        .flat_map(|f| f.get_metric())
+        .map(|m| m.get_counter().get_value())
+        .sum()
 }

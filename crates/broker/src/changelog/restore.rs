@@ -4,6 +4,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,6 +18,7 @@ use tracing::{debug, info, warn};
 use super::bodies::Bodies;
 use crate::config::Config;
 use crate::kafka::base_config;
+use crate::metrics::BrokerMetrics;
 use crate::store::{Store, StoreError};
 use kafka_delay_core::changelog::{decode, Checkpoint, Restored};
 use kafka_delay_core::id::Pid;
@@ -145,7 +147,8 @@ impl Progress {
 }
 
 /// Restores `parts` into `store` and returns each one's outcome (a cancelled one is left out).
-/// `remaining`, when given, shows the entries still to read, every second.
+/// `metrics`, when given, show the entries still to read, every second, and the time the
+/// restore took.
 ///
 /// # Errors
 /// The first partition that could not be restored; what was applied of it stays, with its
@@ -155,8 +158,10 @@ pub fn restore(
     store: &Store,
     parts: Vec<Part>,
     wait: Duration,
-    remaining: Option<&IntGauge>,
+    metrics: Option<&BrokerMetrics>,
 ) -> Result<HashMap<Pid, Outcome>, RestoreError> {
+    let started = Instant::now();
+    let remaining = metrics.map(|m| &m.restore_remaining);
     // One consumer per changelog topic: librdkafka's end-of-partition event names only the
     // partition's number.
     let mut by_topic: HashMap<String, Vec<Part>> = HashMap::new();
@@ -203,8 +208,9 @@ pub fn restore(
                 }),
         );
     }
-    if let Some(g) = remaining {
-        g.set(0);
+    if let Some(m) = metrics {
+        m.restore_remaining.set(0);
+        m.restore_seconds.inc_by(started.elapsed().as_secs_f64());
     }
     Ok(out)
 }
@@ -219,7 +225,6 @@ pub(super) fn restore_consumer(
         .set("enable.auto.commit", "false")
         .set("enable.partition.eof", "true")
         .set("isolation.level", isolation)
-        .set("max.partition.fetch.bytes", "10485760")
         // A full prefetch queue otherwise stops fetching for a second (librdkafka's default),
         // which a restore reading as fast as it can spends waiting.
         .set("fetch.queue.backoff.ms", "10");
@@ -238,17 +243,18 @@ fn kafka(part: &Part, source: KafkaError) -> RestoreError {
     }
 }
 
-/// A batch of one partition's entries, pointers resolved, for the writer.
+/// A batch of one partition's entries, with the checkpoint they reach.
 struct Batch {
     index: usize,
-    pid: Pid,
+    part: Part,
     entries: Vec<Restored>,
     at: Checkpoint,
 }
 
-/// The read side and the write side of a restore run on two threads: this one reads the
-/// changelog (and the values pointers name) and hands each batch to a thread that applies the
-/// batches to RocksDB in order, while the next is read. Returns what each partition gained.
+/// A restore runs on three threads: this one reads the changelog and decodes its entries; a
+/// second reads the values pointers name from the source topics; a third applies the batches
+/// to RocksDB, in the order read. Each works on the next batch while the one after it works
+/// on the last. Returns what each partition gained.
 fn read_and_write(
     store: &Store,
     bodies: &mut Bodies<'_>,
@@ -258,48 +264,75 @@ fn read_and_write(
 ) -> Result<Vec<i64>, RestoreError> {
     let absent: Vec<Option<i64>> = progress.iter().map(|p| p.absent_above).collect();
     std::thread::scope(|scope| {
-        let (tx, rx) = std::sync::mpsc::sync_channel::<Batch>(WRITES_AHEAD);
-        let writer = std::thread::Builder::new()
-            .name("restore-write".into())
-            .spawn_scoped(scope, move || write_all(store, &rx, absent))
-            .map_err(|e| {
-                RestoreError::Store(StoreError::Corrupt {
-                    what: "restore writer",
-                    detail: e.to_string(),
-                })
-            })?;
+        let (to_resolve, resolving) = sync_channel::<Batch>(AHEAD);
+        let (to_write, writing) = sync_channel::<Batch>(AHEAD);
+        let writer = stage(scope, "restore-write", move || {
+            write_all(store, &writing, absent)
+        })?;
+        let resolver = stage(scope, "restore-resolve", move || {
+            resolve_all(store, bodies, &resolving, &to_write)
+        })?;
         let read = (|| {
-            read_topic((store, bodies, &tx), consumer, progress, (remaining, wait))?;
+            read_topic(&to_resolve, consumer, progress, (remaining, wait))?;
             // The checkpoint of a partition with nothing (left) to read, and what is buffered.
             for p in progress.iter_mut() {
                 if !p.part.cancelled.load(Ordering::Relaxed) {
-                    apply((store, bodies, &tx), p)?;
+                    apply(&to_resolve, p)?;
                 }
             }
             Ok(())
         })();
-        drop(tx);
+        drop(to_resolve);
+        let resolved = resolver.join().unwrap_or(Err(RestoreError::WriterStopped));
         let written = writer.join().unwrap_or(Err(RestoreError::WriterStopped));
-        match (read, written) {
-            (_, Err(e)) => Err(e),
-            (Err(e), Ok(_)) => Err(e),
-            (Ok(()), Ok(deltas)) => Ok(deltas),
-        }
+        // The first stage to fail says why: a later one stopping stops those before it.
+        written.and_then(|deltas| resolved.and(read).map(|()| deltas))
     })
 }
 
-/// Batches handed to the writer before the reader waits for it.
-const WRITES_AHEAD: usize = 2;
+/// Batches handed to the next stage before a stage waits for it.
+const AHEAD: usize = 2;
+
+/// Starts a stage of the restore on a thread of its own.
+fn stage<'scope, T: Send + 'scope>(
+    scope: &'scope std::thread::Scope<'scope, '_>,
+    name: &str,
+    work: impl FnOnce() -> Result<T, RestoreError> + Send + 'scope,
+) -> Result<std::thread::ScopedJoinHandle<'scope, Result<T, RestoreError>>, RestoreError> {
+    std::thread::Builder::new()
+        .name(name.into())
+        .spawn_scoped(scope, work)
+        .map_err(|e| {
+            RestoreError::Store(StoreError::Corrupt {
+                what: "restore thread",
+                detail: e.to_string(),
+            })
+        })
+}
+
+/// The resolver: replaces each batch's pointers by the records they stand for.
+fn resolve_all(
+    store: &Store,
+    bodies: &mut Bodies<'_>,
+    batches: &Receiver<Batch>,
+    writer: &SyncSender<Batch>,
+) -> Result<(), RestoreError> {
+    for mut b in batches {
+        bodies.resolve(store, &b.part, &mut b.entries)?;
+        writer.send(b).map_err(|_| RestoreError::WriterStopped)?;
+    }
+    Ok(())
+}
 
 /// The writer: applies each batch with its checkpoint, in the order read.
 fn write_all(
     store: &Store,
-    batches: &std::sync::mpsc::Receiver<Batch>,
+    batches: &Receiver<Batch>,
     mut absent: Vec<Option<i64>>,
 ) -> Result<Vec<i64>, RestoreError> {
     let mut deltas = vec![0; absent.len()];
     for b in batches {
-        deltas[b.index] += store.restore(b.pid, &b.entries, b.at, &mut absent[b.index])?;
+        deltas[b.index] += store.restore(b.part.pid, &b.entries, b.at, &mut absent[b.index])?;
     }
     Ok(deltas)
 }
@@ -342,7 +375,7 @@ fn start(
 /// Reads one changelog topic's partitions until each reached the end it had when the restore
 /// began (or was cancelled), applying entries a chunk at a time with the checkpoint they reach.
 fn read_topic(
-    (store, bodies, writer): (&Store, &mut Bodies<'_>, &Writer),
+    writer: &Writer,
     consumer: &BaseConsumer,
     progress: &mut [Progress],
     (remaining, wait): (Option<&IntGauge>, Duration),
@@ -391,7 +424,7 @@ fn read_topic(
                         .map_err(|source| kafka(&p.part, source))?;
                     if stable >= p.end {
                         p.next = p.next.max(p.end);
-                        apply((store, bodies, writer), p)?;
+                        apply(writer, p)?;
                     } else {
                         p.held(stable);
                     }
@@ -405,7 +438,7 @@ fn read_topic(
                 let p = &mut progress[i];
                 p.held_at = None;
                 if m.offset() >= p.next && !done(p) {
-                    take((store, bodies, writer), p, &m)?;
+                    take(writer, p, &m)?;
                 }
             }
         }
@@ -421,7 +454,7 @@ fn read_topic(
 
 /// Buffers the entry `m` of `p`, applying the buffer when it is a chunk or reaches the end.
 fn take(
-    (store, bodies, writer): (&Store, &mut Bodies<'_>, &Writer),
+    writer: &Writer,
     p: &mut Progress,
     m: &rdkafka::message::BorrowedMessage<'_>,
 ) -> Result<(), RestoreError> {
@@ -438,20 +471,16 @@ fn take(
     p.entries += 1;
     p.next = m.offset() + 1;
     if p.buffer.len() >= CHUNK || p.next >= p.end {
-        apply((store, bodies, writer), p)?;
+        apply(writer, p)?;
     }
     Ok(())
 }
 
-/// Where batches go to be written.
-type Writer = std::sync::mpsc::SyncSender<Batch>;
+/// Where batches go to be resolved and written.
+type Writer = SyncSender<Batch>;
 
-/// Hands the buffered entries, pointers resolved, to the writer with the checkpoint they reach.
-fn apply(
-    (store, bodies, writer): (&Store, &mut Bodies<'_>, &Writer),
-    p: &mut Progress,
-) -> Result<(), RestoreError> {
-    bodies.resolve(store, &p.part, &mut p.buffer)?;
+/// Hands the buffered entries to be resolved and written, with the checkpoint they reach.
+fn apply(writer: &Writer, p: &mut Progress) -> Result<(), RestoreError> {
     let at = Checkpoint {
         changelog_next: p.next,
         source_next: p.source_next,
@@ -459,7 +488,7 @@ fn apply(
     writer
         .send(Batch {
             index: p.index,
-            pid: p.part.pid,
+            part: p.part.clone(),
             entries: std::mem::take(&mut p.buffer),
             at,
         })

@@ -223,7 +223,7 @@ impl Takeover {
                 store,
                 parts,
                 Duration::from_secs(10),
-                Some(&m.metrics.broker.restore_remaining),
+                Some(&m.metrics.broker),
             )?)
         })
         .await

@@ -3,7 +3,7 @@
 use std::sync::atomic::AtomicU64;
 use std::sync::Arc;
 
-use prometheus::{Gauge, Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
+use prometheus::{Counter, Gauge, Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 
 use super::Registrar;
 
@@ -300,6 +300,9 @@ pub struct BrokerMetrics {
     pub restored_entries: IntCounter,
     /// Changelog entries the restores of assigned partitions have still to read.
     pub restore_remaining: IntGauge,
+    /// Time the restores of assigned partitions spent reading the changelog and writing
+    /// RocksDB.
+    pub restore_seconds: Counter,
     /// Partitions owned elsewhere that this instance keeps a warm copy of.
     pub partitions_standby: IntGauge,
     /// Records in those copies (counted in the pending gauges too).
@@ -365,6 +368,11 @@ impl BrokerMetrics {
                 "kafka_delay_restore_remaining_entries",
                 "Changelog entries the restores of assigned partitions have still to read.",
             )?,
+            restore_seconds: r.register(Counter::new(
+                "kafka_delay_restore_seconds_total",
+                "Time restores of assigned partitions spent reading the changelog and writing \
+                 RocksDB (restored entries over it: the restore's rate).",
+            )?)?,
             members_removed: r.counter("kafka_delay_group_members_removed_total", REMOVED)?,
             partitions_standby: r.gauge(
                 "kafka_delay_partitions_standby",
