@@ -324,10 +324,17 @@ pub struct BrokerMetrics {
     pub clock_ahead: Gauge,
 }
 
-/// `kafka_delay_group_members_removed_total`'s help.
+/// `kafka_delay_changelog_lingering_records`' help.
 const LINGERING: &str = "Records in the timing wheel whose ingest group is not in the \
                          changelog yet (--changelog-linger): a crash now reads them again from \
                          their source topic.";
+/// `kafka_delay_restore_seconds_total` and its help.
+const RESTORE_SECONDS: (&str, &str) = (
+    "kafka_delay_restore_seconds_total",
+    "Time restores of assigned partitions spent reading the changelog and writing RocksDB \
+     (restored entries over it: the restore's rate).",
+);
+/// `kafka_delay_group_members_removed_total`'s help.
 const REMOVED: &str = "Members this instance removed from the group because their HTTP server \
                        refused connections (a killed instance).";
 
@@ -368,11 +375,7 @@ impl BrokerMetrics {
                 "kafka_delay_restore_remaining_entries",
                 "Changelog entries the restores of assigned partitions have still to read.",
             )?,
-            restore_seconds: r.register(Counter::new(
-                "kafka_delay_restore_seconds_total",
-                "Time restores of assigned partitions spent reading the changelog and writing \
-                 RocksDB (restored entries over it: the restore's rate).",
-            )?)?,
+            restore_seconds: r.register(Counter::new(RESTORE_SECONDS.0, RESTORE_SECONDS.1)?)?,
             members_removed: r.counter("kafka_delay_group_members_removed_total", REMOVED)?,
             partitions_standby: r.gauge(
                 "kafka_delay_partitions_standby",
