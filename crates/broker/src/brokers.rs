@@ -35,11 +35,11 @@ pub fn ids<C: ClientContext>(client: &Client<C>) -> KafkaResult<Vec<i32>> {
 }
 
 /// How long a broker that did not answer in time is asked after the others.
-pub const SILENT_FOR: Duration = Duration::from_secs(60);
+const SILENT_FOR: Duration = Duration::from_secs(60);
 
 /// The brokers that did not answer in time, and when.
 #[derive(Debug, Default)]
-pub struct Silent(Mutex<HashMap<i32, Instant>>);
+struct Silent(Mutex<HashMap<i32, Instant>>);
 
 impl Silent {
     fn note(&self, broker: i32) {

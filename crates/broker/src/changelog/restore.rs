@@ -74,8 +74,9 @@ pub enum RestoreError {
     /// Writing RocksDB failed.
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// The thread writing the restored entries stopped (its error is the one returned).
-    #[error("the restore's writer stopped")]
+    /// A later stage of the restore (resolving pointers, writing RocksDB) stopped; its own
+    /// error is the one returned.
+    #[error("a stage of the restore stopped")]
     WriterStopped,
     /// An entry could not be read.
     #[error("changelog {topic}/{partition} offset {offset}: {detail}")]
