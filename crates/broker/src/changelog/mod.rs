@@ -20,6 +20,7 @@
 //! [`departed::Departed`], so that its partitions move before its session runs out. What the
 //! admin API asks of the group is [`operate::Operators`]'s.
 
+pub mod acks;
 pub mod adopt;
 mod bodies;
 pub mod coordinator;
@@ -42,8 +43,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::error::KafkaError;
-use rdkafka::producer::{FutureProducer, FutureRecord, Producer};
+use rdkafka::producer::{BaseRecord, Producer};
 use tracing::warn;
+
+use acks::{Acks, ChangelogProducer, Counted};
 
 use crate::config::Config;
 use crate::kafka::{base_config, KafkaSetupError};
@@ -113,7 +116,7 @@ pub enum GroupError {
 /// The changelog's producer and naming.
 #[derive(Clone)]
 pub struct Changelog {
-    producer: FutureProducer,
+    producer: Arc<ChangelogProducer>,
     group: String,
     /// Learns the cluster's clock from the acknowledgements' append times.
     kafka_clock: Arc<KafkaClock>,
@@ -148,12 +151,16 @@ impl Changelog {
             .set("compression.type", "lz4")
             .set("allow.auto.create.topics", "false")
             .set("message.timeout.ms", ACK_WAIT.as_millis().to_string());
-        let producer = c.create().map_err(|source| KafkaSetupError::Client {
-            client: "changelog producer",
-            source,
-        })?;
+        let producer = c
+            .create_with_context(Counted {
+                kafka_clock: kafka_clock.clone(),
+            })
+            .map_err(|source| KafkaSetupError::Client {
+                client: "changelog producer",
+                source,
+            })?;
         Ok(Self {
-            producer,
+            producer: Arc::new(producer),
             group: config.kafka.group_id.clone(),
             kafka_clock,
             values: Arc::new(values::Values::new(config.cluster.changelog_copy)),
@@ -217,14 +224,16 @@ impl Changelog {
         partition: i32,
         entries: &[Entry<'_>],
     ) -> Result<Pending<'_>, KafkaError> {
-        let topic = self.topic_of(source);
-        let mut acks = Vec::with_capacity(entries.len());
+        let acks = Acks::new(self.topic_of(source), true);
         for e in entries {
-            acks.push(self.send(&topic, partition, e).await?);
+            if let Err(e) = self.send(&acks, partition, e).await {
+                acks.all_handed();
+                return Err(e);
+            }
         }
+        acks.all_handed();
         Ok(Pending {
             changelog: self,
-            topic,
             acks,
         })
     }
@@ -245,22 +254,18 @@ impl Changelog {
     /// Writes `entries` without waiting for Kafka: a failure is logged (the records it names
     /// may fire again after a restore; they are never lost).
     pub async fn write_later(&self, source: &str, partition: i32, entries: &[Entry<'_>]) {
-        let topic = self.topic_of(source);
-        let mut last = None;
+        let acks = Acks::new(self.topic_of(source), false);
         for e in entries {
-            match self.send(&topic, partition, e).await {
-                Ok(ack) => last = Some(ack),
-                Err(e) => warn!(%topic, partition, error = %e, "changelog write failed"),
+            if let Err(e) = self.send(&acks, partition, e).await {
+                warn!(topic = acks.topic(), partition, error = %e, "changelog write failed");
             }
         }
-        // The last acknowledgement, when it comes, keeps the cluster's clock fresh.
-        if let Some(ack) = last {
-            let clock = self.kafka_clock.clone();
-            tokio::spawn(async move {
-                if let Ok(Ok(delivery)) = ack.await {
-                    clock.acknowledged(&topic, delivery.timestamp);
-                }
-            });
+        // The last report, when it comes, keeps the cluster's clock fresh ([`acks::Counted`]);
+        // here when every report came before this.
+        if acks.all_handed() {
+            if let Some(stamp) = acks.stamp() {
+                self.kafka_clock.acknowledged(acks.topic(), stamp);
+            }
         }
     }
 
@@ -282,31 +287,38 @@ impl Changelog {
         }
     }
 
-    /// Enqueues one entry, waiting while librdkafka's queue is full.
+    /// Enqueues one entry of the write `acks` counts, waiting while librdkafka's queue is
+    /// full.
     async fn send(
         &self,
-        topic: &str,
+        acks: &Arc<Acks>,
         partition: i32,
         e: &Entry<'_>,
-    ) -> Result<rdkafka::producer::DeliveryFuture, KafkaError> {
+    ) -> Result<(), KafkaError> {
         let key = e.key();
         let payload = e.payload();
+        acks.handing();
+        let mut opaque = acks.clone();
         loop {
-            let mut r = FutureRecord::<[u8], [u8]>::to(topic)
+            let mut r = BaseRecord::<[u8], [u8], Arc<Acks>>::with_opaque_to(acks.topic(), opaque)
                 .partition(partition)
                 .key(&key);
             if let Some(p) = &payload {
                 r = r.payload(p);
             }
-            match self.producer.send_result(r) {
-                Ok(ack) => return Ok(ack),
+            match self.producer.send(r) {
+                Ok(()) => return Ok(()),
                 Err((
                     KafkaError::MessageProduction(rdkafka::types::RDKafkaErrorCode::QueueFull),
-                    _,
+                    r,
                 )) => {
+                    opaque = r.delivery_opaque;
                     tokio::time::sleep(Duration::from_millis(5)).await;
                 }
-                Err((e, _)) => return Err(e),
+                Err((e, _)) => {
+                    acks.not_taken();
+                    return Err(e);
+                }
             }
         }
     }
@@ -330,7 +342,7 @@ impl Changelog {
     }
 
     /// The producer, for its first id request at start.
-    pub fn producer(&self) -> &FutureProducer {
+    pub fn producer(&self) -> &ChangelogProducer {
         &self.producer
     }
 }
@@ -339,15 +351,13 @@ impl Changelog {
 /// yet known to be acknowledged.
 pub struct Pending<'c> {
     changelog: &'c Changelog,
-    topic: String,
-    acks: Vec<rdkafka::producer::DeliveryFuture>,
+    acks: Arc<Acks>,
 }
 
 impl std::fmt::Debug for Pending<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Pending")
-            .field("topic", &self.topic)
-            .field("entries", &self.acks.len())
+            .field("topic", &self.acks.topic())
             .finish_non_exhaustive()
     }
 }
@@ -359,18 +369,10 @@ impl Pending<'_> {
     /// The first entry Kafka refused; the caller writes them all again (entries are
     /// idempotent).
     pub async fn settled(self) -> Result<i64, KafkaError> {
-        let mut next = -1;
-        for ack in self.acks {
-            match ack.await {
-                Ok(Ok(delivery)) => {
-                    self.changelog
-                        .kafka_clock
-                        .acknowledged(&self.topic, delivery.timestamp);
-                    next = next.max(delivery.offset + 1);
-                }
-                Ok(Err((e, _))) => return Err(e),
-                Err(_) => return Err(KafkaError::Canceled),
-            }
+        let (next, stamp) = self.acks.settled().await?;
+        if let Some(stamp) = stamp {
+            let clock = &self.changelog.kafka_clock;
+            clock.acknowledged(self.acks.topic(), stamp);
         }
         Ok(next)
     }
