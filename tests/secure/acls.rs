@@ -73,6 +73,16 @@ impl Line {
         }
     }
 
+    /// How long a run without this line watches for its two records. Without the targets'
+    /// line every record is refused and retried before it is dead-lettered, and so is each
+    /// record the runs before left unfired: its dead letter comes after all their retries.
+    fn watch(self) -> Duration {
+        match self {
+            Line::Targets => Duration::from_secs(60),
+            _ => Duration::from_secs(20),
+        }
+    }
+
     /// Asserts that `o`, run without this line, failed as the line's purpose says.
     fn check(self, o: &Outcome, plan: &Plan) {
         let logged = |s: &str| o.log.contains(s);
@@ -136,8 +146,8 @@ fn remove(cluster: &Secured, words: &[String]) {
 /// An instance of `plan` with a data directory of its own (what it restores comes from the
 /// changelog): started, sent a record due 2 s later and a malformed one (values `{run}-good`
 /// and `{run}-bad`) and one due in an hour to each of the first `held` source partitions,
-/// watched until the first two are accounted for or 20 s have passed.
-async fn run(cluster: &Secured, plan: &Plan, (run, held): (&str, i32)) -> Outcome {
+/// watched until the first two are accounted for or `watch` has passed.
+async fn run(cluster: &Secured, plan: &Plan, (run, held): (&str, i32), watch: Duration) -> Outcome {
     let (data, logs) = (TempDir::new().unwrap(), Logs::new(plan.t));
     let (mut instance, port) = plan.spawn(run, &data, &logs);
     let addr = std::net::SocketAddr::from(([127, 0, 0, 1], port));
@@ -188,7 +198,7 @@ async fn run(cluster: &Secured, plan: &Plan, (run, held): (&str, i32)) -> Outcom
         .create()
         .unwrap();
     tokio::task::block_in_place(|| super::assign_all(&checker, &[&out, &dead]));
-    let deadline = Instant::now() + Duration::from_secs(20);
+    let deadline = Instant::now() + watch;
     // Done when both are accounted for: fired and dead-lettered, or both dead letters.
     let done = |o: &Outcome| o.dead.len() == 2 || (o.fired && o.dead.len() == 1);
     while Instant::now() < deadline && !done(&outcome) {
@@ -227,7 +237,7 @@ async fn apache_kafka_secured_cluster_each_printed_acl_is_needed_for_what_it_say
     let mut kinds: Vec<Line> = lines.iter().map(|(_, w)| Line::of(&plan, w)).collect();
 
     // Everything granted: the record fires, the malformed one is a dead letter the console reads.
-    let all = run(cluster, &plan, ("all", 4)).await;
+    let all = run(cluster, &plan, ("all", 4), Duration::from_secs(20)).await;
     assert!(
         all.ready
             && all.fired
@@ -240,7 +250,7 @@ async fn apache_kafka_secured_cluster_each_printed_acl_is_needed_for_what_it_say
     for (k, (why, words)) in lines.iter().enumerate() {
         let kind = kinds[k];
         tokio::task::block_in_place(|| remove(cluster, words));
-        let outcome = run(cluster, &plan, (&format!("without{k}"), 0)).await;
+        let outcome = run(cluster, &plan, (&format!("without{k}"), 0), kind.watch()).await;
         eprintln!(
             "without the line for {why}: ready {}, fired {}, dead letters {:?}, console {}",
             outcome.ready, outcome.fired, outcome.dead, outcome.console.0
