@@ -450,12 +450,11 @@ async fn apache_kafka_a_restore_waits_for_a_transaction_open_in_the_changelog() 
         open.begin_transaction().unwrap();
     });
     let key = gone.key.unwrap();
-    let rec = rdkafka::producer::FutureRecord::<[u8], [u8]>::to(&topic)
+    let rec = rdkafka::producer::BaseRecord::<[u8], [u8], usize>::with_opaque_to(&topic, 0)
         .partition(0)
         .key(&key);
-    open.send(rec, Duration::from_secs(30))
-        .await
-        .expect("written");
+    open.send(rec).map_err(|(e, _)| e).expect("handed");
+    tokio::task::block_in_place(|| open.flush(Duration::from_secs(30))).expect("written");
 
     let dir = tempfile::TempDir::new().unwrap();
     let store = Arc::new(Store::open(dir.path(), StoreOptions::default()).unwrap());

@@ -23,6 +23,7 @@ use rdkafka::producer::{FutureProducer, Producer};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
+mod acks;
 mod end;
 pub mod lookup;
 mod outcome;

@@ -16,19 +16,23 @@ use std::time::{Duration, Instant};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::{ClientConfig, RDKafkaLogLevel};
 use rdkafka::error::KafkaError;
-use rdkafka::producer::FutureProducer;
+use rdkafka::message::{DeliveryResult, Message};
+use rdkafka::producer::{ProducerContext, ThreadedProducer};
 use rdkafka::ClientContext;
 use tracing::warn;
+
+use super::acks::Tallies;
 
 /// How long a refused topic is refused without asking the cluster again (an operator may
 /// grant the access meanwhile).
 pub(crate) const REMEMBER: Duration = Duration::from_secs(30);
 
 /// The transactional producer, and the topics its coordinator refused since
-/// [`TxnProducer::take_refused`] was last called.
+/// [`TxnProducer::take_refused`] was last called. Its delivery reports are counted into the
+/// transaction's tally ([`super::acks`]).
 #[derive(Clone)]
 pub struct TxnProducer {
-    producer: FutureProducer<TxnContext>,
+    producer: ThreadedProducer<TxnContext>,
     refused: Arc<Mutex<Vec<String>>>,
 }
 
@@ -41,6 +45,7 @@ impl TxnProducer {
         let refused = Arc::new(Mutex::new(Vec::new()));
         let producer = config.create_with_context(TxnContext {
             refused: refused.clone(),
+            tallies: Tallies::default(),
         })?;
         Ok(Self { producer, refused })
     }
@@ -49,10 +54,15 @@ impl TxnProducer {
     pub(crate) fn take_refused(&self) -> Vec<String> {
         std::mem::take(&mut *self.refused.lock().unwrap_or_else(|e| e.into_inner()))
     }
+
+    /// The tallies its delivery reports are counted into.
+    pub(super) fn tallies(&self) -> &Tallies {
+        &rdkafka::producer::Producer::context(&self.producer).tallies
+    }
 }
 
 impl std::ops::Deref for TxnProducer {
-    type Target = FutureProducer<TxnContext>;
+    type Target = ThreadedProducer<TxnContext>;
     fn deref(&self) -> &Self::Target {
         &self.producer
     }
@@ -64,11 +74,24 @@ impl std::fmt::Debug for TxnProducer {
     }
 }
 
-/// The transactional producer's context: librdkafka's log as usual, and the refused topics
-/// its `ADDPARTS` lines name.
+/// The transactional producer's context: librdkafka's log as usual, the refused topics its
+/// `ADDPARTS` lines name, and each delivery report counted into its transaction's tally.
 #[derive(Debug)]
 pub struct TxnContext {
     refused: Arc<Mutex<Vec<String>>>,
+    tallies: Tallies,
+}
+
+impl ProducerContext for TxnContext {
+    /// The record's place in its transaction, with the tally's number.
+    type DeliveryOpaque = usize;
+
+    fn delivery(&self, result: &DeliveryResult<'_>, opaque: usize) {
+        match result {
+            Ok(m) => self.tallies.report(opaque, Ok((m.offset(), m.timestamp()))),
+            Err((e, _)) => self.tallies.report(opaque, Err(e)),
+        }
+    }
 }
 
 impl ClientContext for TxnContext {

@@ -6,11 +6,13 @@ use std::time::{Duration, Instant};
 
 use rdkafka::consumer::ConsumerGroupMetadata;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::producer::{FutureRecord, Producer};
+use rdkafka::message::OwnedHeaders;
+use rdkafka::producer::{BaseRecord, Producer};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
 
+use super::acks::Tally;
 use super::end::{answers, collateral, commit, committing, looked_up};
 use super::outcome::Outcome;
 use super::refused::Refused;
@@ -224,7 +226,7 @@ fn transaction(
     let result = producer
         .begin_transaction()
         .map_err(|e| Failure::Whole(classify(e)))
-        .and_then(|()| write(producer, setup, &works, phase));
+        .and_then(|()| write(producer, setup, &mut works, phase));
     let (written, spent) = match result {
         Ok(offsets) => (offsets, None),
         Err(Failure::Committing(error, offsets, placed)) => {
@@ -269,49 +271,24 @@ fn transaction(
     outcome
 }
 
+/// Writes the records of `works` (their headers go to the producer: nothing reads them after)
+/// and commits the transaction with their offsets: each record's offset.
 fn write(
     producer: &TxnProducer,
     setup: &Setup,
-    works: &[Work],
+    works: &mut [Work],
     phase: &Phase,
 ) -> Result<Vec<i64>, Failure> {
     let cut = setup.cut;
     phase.at(Step::Send);
+    let headers: Vec<Option<OwnedHeaders>> = (works.iter_mut())
+        .flat_map(|w| w.records.iter_mut().map(|o| o.headers.take()))
+        .collect();
     let (outs, offsets) = gather(works);
-    let mut deliveries = Vec::with_capacity(outs.len());
-    for (i, out) in outs.iter().enumerate() {
-        let mut rec: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&out.topic);
-        if let Some(p) = out.partition {
-            rec = rec.partition(p);
-        }
-        if let Some(k) = &out.key {
-            rec = rec.key(k.as_slice());
-        }
-        if let Some(v) = &out.value {
-            rec = rec.payload(v.as_slice());
-        }
-        if let Some(h) = &out.headers {
-            rec = rec.headers(h.clone());
-        }
-        let deadline = Instant::now() + cut.timeout;
-        loop {
-            match producer.send_result(rec) {
-                Ok(delivery) => {
-                    deliveries.push(delivery);
-                    break;
-                }
-                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
-                    if Instant::now() < deadline =>
-                {
-                    rec = back;
-                    producer.poll(Duration::from_millis(10));
-                }
-                Err((e, _)) => return Err(refused(i, e)),
-            }
-        }
-    }
+    let tally = producer.tallies().open(outs.len());
+    hand(producer, &tally, &outs, headers, cut.timeout)?;
     phase.at(Step::Acknowledge);
-    let written = acknowledged(producer, &outs, deliveries, setup.kafka_clock.as_deref())?;
+    let written = acknowledged(producer, &outs, &tally, setup.kafka_clock.as_deref())?;
     // The member's generation is read before its partitions are checked: a generation it
     // joins after the check (its revocations then already done) must not commit this
     // transaction's offsets, or records of a partition another member took over and restored
@@ -347,12 +324,56 @@ fn write(
     Ok(written)
 }
 
+/// Hands every record to the producer, counted in `tally`, each with its headers; waits while
+/// the producer's queue is full, for at most `timeout` per record.
+fn hand(
+    producer: &TxnProducer,
+    tally: &Tally,
+    outs: &[&Out],
+    mut headers: Vec<Option<OwnedHeaders>>,
+    timeout: Duration,
+) -> Result<(), Failure> {
+    for (i, out) in outs.iter().enumerate() {
+        let mut rec: BaseRecord<'_, [u8], [u8], usize> =
+            BaseRecord::with_opaque_to(&out.topic, tally.handing(i));
+        if let Some(p) = out.partition {
+            rec = rec.partition(p);
+        }
+        if let Some(k) = &out.key {
+            rec = rec.key(k.as_slice());
+        }
+        if let Some(v) = &out.value {
+            rec = rec.payload(v.as_slice());
+        }
+        if let Some(h) = headers.get_mut(i).and_then(Option::take) {
+            rec = rec.headers(h);
+        }
+        let deadline = Instant::now() + timeout;
+        loop {
+            match producer.send(rec) {
+                Ok(()) => break,
+                Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), back))
+                    if Instant::now() < deadline =>
+                {
+                    rec = back;
+                    producer.poll(Duration::from_millis(10));
+                }
+                Err((e, _)) => {
+                    tally.not_taken();
+                    return Err(refused(i, e));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
 /// The offset of each record of the transaction once all are acknowledged, or the failure
 /// that names the refused records.
 fn acknowledged(
     producer: &TxnProducer,
     outs: &[&Out],
-    deliveries: Vec<rdkafka::producer::DeliveryFuture>,
+    tally: &Tally,
     kafka_clock: Option<&KafkaClock>,
 ) -> Result<Vec<i64>, Failure> {
     // Every record acknowledged before the commit: rdkafka's commit flushes by polling in
@@ -361,48 +382,26 @@ fn acknowledged(
     // Every report is read: a refused record fails the others of its transaction too (they
     // are reported "not attempted" or purged), and the one to name is the record refused for
     // itself, wherever it is in the batch.
-    let handle = tokio::runtime::Handle::current();
-    let mut written = Vec::with_capacity(deliveries.len());
-    let mut failed: Option<(usize, KafkaError)> = None;
-    let mut stamp = None;
-    for (i, d) in deliveries.into_iter().enumerate() {
-        match handle.block_on(d) {
-            Ok(Ok(delivery)) => {
-                stamp = Some(delivery.timestamp);
-                written.push(delivery.offset);
-            }
-            Ok(Err((e, _))) => {
-                if failed
-                    .as_ref()
-                    .is_none_or(|(_, f)| collateral(f) && !collateral(&e))
-                {
-                    failed = Some((i, e));
-                }
-            }
-            Err(_) => {
-                return Err(Failure::Whole(TxnError::Aborted(
-                    "a record's delivery was cancelled".into(),
-                )))
-            }
-        }
-    }
-    // One sample per transaction: the last acknowledgement read.
+    let (written, stamp) = tally.wait();
+    // One sample per transaction: the latest acknowledgement.
     if let (Some(clock), Some(stamp)) = (kafka_clock, stamp) {
         clock.appended(stamp);
     }
-    if let Some((i, e)) = failed {
-        // Refused by the authorizer: every record of the refused topics is named.
-        let topics = producer.take_refused();
-        if collateral(&e) && !topics.is_empty() {
-            let records = (outs.iter().enumerate())
-                .filter(|(_, o)| topics.contains(&o.topic))
-                .map(|(i, _)| (i, denied()))
-                .collect();
-            return Err(Failure::Records(records, topics));
+    match written {
+        Ok(written) => Ok(written),
+        Err((i, e)) => {
+            // Refused by the authorizer: every record of the refused topics is named.
+            let topics = producer.take_refused();
+            if collateral(&e) && !topics.is_empty() {
+                let records = (outs.iter().enumerate())
+                    .filter(|(_, o)| topics.contains(&o.topic))
+                    .map(|(i, _)| (i, denied()))
+                    .collect();
+                return Err(Failure::Records(records, topics));
+            }
+            Err(refused(i, e))
         }
-        return Err(refused(i, e));
     }
-    Ok(written)
 }
 
 /// The member's group metadata, when there are `offsets` to commit with it.
