@@ -6,13 +6,49 @@
 //! the cluster read at least that time when the acknowledgement arrived, which the monotonic
 //! clock (never stepped) carries forward ([`LowerBound`]).
 
-use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use kafka_delay_core::clock::{Clock, LowerBound};
 use rdkafka::Timestamp;
 use tracing::warn;
+
+/// The latest timestamp a producer reported for a write's records, kept without a lock (each
+/// report notes one from the producer's polling thread; the writer reads it once the last is
+/// in) for the clock to learn from.
+#[derive(Debug, Default)]
+pub struct LatestStamp {
+    /// `0` (none yet), [`CREATE_TIME`] or [`APPEND_TIME`].
+    kind: AtomicU8,
+    ms: AtomicI64,
+}
+
+const CREATE_TIME: u8 = 1;
+const APPEND_TIME: u8 = 2;
+
+impl LatestStamp {
+    /// A report's timestamp (one that has none changes nothing).
+    pub fn note(&self, stamp: Timestamp) {
+        let (kind, ms) = match stamp {
+            Timestamp::NotAvailable => return,
+            Timestamp::CreateTime(ms) => (CREATE_TIME, ms),
+            Timestamp::LogAppendTime(ms) => (APPEND_TIME, ms),
+        };
+        self.ms.store(ms, Ordering::Relaxed);
+        self.kind.store(kind, Ordering::Release);
+    }
+
+    /// The latest timestamp noted.
+    pub fn get(&self) -> Option<Timestamp> {
+        let ms = self.ms.load(Ordering::Relaxed);
+        match self.kind.load(Ordering::Acquire) {
+            CREATE_TIME => Some(Timestamp::CreateTime(ms)),
+            APPEND_TIME => Some(Timestamp::LogAppendTime(ms)),
+            _ => None,
+        }
+    }
+}
 
 /// The Kafka cluster's clock as far as this instance's acknowledged writes show it.
 #[derive(Debug)]

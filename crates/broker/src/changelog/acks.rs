@@ -10,7 +10,7 @@
 //! A write nobody waits for (the tombstones after a delivery) logs what Kafka refused and
 //! teaches the cluster's clock from its last report.
 
-use std::sync::atomic::{AtomicI64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use rdkafka::error::KafkaError;
@@ -20,7 +20,7 @@ use rdkafka::{ClientContext, Timestamp};
 use tokio::sync::Notify;
 use tracing::warn;
 
-use crate::kafka_clock::KafkaClock;
+use crate::kafka_clock::{KafkaClock, LatestStamp};
 
 /// The changelog's producer.
 pub type ChangelogProducer = ThreadedProducer<Counted>;
@@ -67,17 +67,12 @@ pub struct Acks {
     outstanding: AtomicUsize,
     /// The highest acknowledged offset plus one (`-1`: none yet).
     next: AtomicI64,
-    /// The latest report's timestamp: its kind ([`NONE`], [`CREATE`], [`APPEND`]) and its ms.
-    stamp_kind: AtomicU8,
-    stamp_ms: AtomicI64,
+    /// The latest report's timestamp.
+    stamp: LatestStamp,
     /// The first refusal.
     error: Mutex<Option<KafkaError>>,
     done: Notify,
 }
-
-const NONE: u8 = 0;
-const CREATE: u8 = 1;
-const APPEND: u8 = 2;
 
 impl Acks {
     /// For a write to changelog topic `topic`; `awaited` when a writer waits for it.
@@ -87,8 +82,7 @@ impl Acks {
             awaited,
             outstanding: AtomicUsize::new(1),
             next: AtomicI64::new(-1),
-            stamp_kind: AtomicU8::new(NONE),
-            stamp_ms: AtomicI64::new(0),
+            stamp: LatestStamp::default(),
             error: Mutex::new(None),
             done: Notify::new(),
         })
@@ -117,13 +111,7 @@ impl Acks {
 
     fn delivered(&self, offset: i64, stamp: Timestamp) {
         self.next.fetch_max(offset + 1, Ordering::Relaxed);
-        let (kind, ms) = match stamp {
-            Timestamp::NotAvailable => return,
-            Timestamp::CreateTime(ms) => (CREATE, ms),
-            Timestamp::LogAppendTime(ms) => (APPEND, ms),
-        };
-        self.stamp_ms.store(ms, Ordering::Relaxed);
-        self.stamp_kind.store(kind, Ordering::Release);
+        self.stamp.note(stamp);
     }
 
     fn failed(&self, e: &KafkaError) {
@@ -142,12 +130,7 @@ impl Acks {
 
     /// The latest report's timestamp.
     pub(super) fn stamp(&self) -> Option<Timestamp> {
-        let ms = self.stamp_ms.load(Ordering::Relaxed);
-        match self.stamp_kind.load(Ordering::Acquire) {
-            CREATE => Some(Timestamp::CreateTime(ms)),
-            APPEND => Some(Timestamp::LogAppendTime(ms)),
-            _ => None,
-        }
+        self.stamp.get()
     }
 
     /// Waits until every entry handed is reported: the changelog offset after the last one,

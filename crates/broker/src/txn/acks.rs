@@ -8,13 +8,14 @@
 //! allocation per record. A report of an earlier transaction (a purged record's, after its
 //! abort) carries another tally's number and is dropped.
 
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use rdkafka::error::KafkaError;
 use rdkafka::Timestamp;
 
 use super::end::collateral;
+use crate::kafka_clock::LatestStamp;
 
 /// The reports of one transaction's records.
 #[derive(Debug)]
@@ -25,18 +26,13 @@ pub(super) struct Tally {
     /// Records handed to the producer and not yet reported, plus one while the loop may still
     /// hand more.
     outstanding: AtomicUsize,
-    /// The latest report's timestamp: its kind ([`NONE`], [`CREATE`], [`APPEND`]) and its ms.
-    stamp_kind: AtomicU8,
-    stamp_ms: AtomicI64,
+    /// The latest report's timestamp.
+    stamp: LatestStamp,
     /// The refusal to name: a record refused for itself over one failed with its
     /// transaction, wherever it is in the transaction.
     failed: Mutex<Option<(usize, KafkaError)>>,
     done: (Mutex<bool>, Condvar),
 }
-
-const NONE: u8 = 0;
-const CREATE: u8 = 1;
-const APPEND: u8 = 2;
 
 /// What a transaction's reports said: each record's offset, in order, or the refusal to name
 /// (the record's place and Kafka's error).
@@ -51,7 +47,12 @@ pub(super) struct Tallies {
 
 /// The delivery opaque of the record at `index` of tally `number`.
 fn opaque(number: u32, index: usize) -> usize {
-    (usize::try_from(number).unwrap_or(0) << 32) | (index & 0xffff_ffff)
+    ((number as usize) << 32) | (index & 0xffff_ffff)
+}
+
+/// The tally number and the index an [`opaque`] holds.
+fn split(opaque: usize) -> (u32, usize) {
+    ((opaque >> 32) as u32, opaque & 0xffff_ffff)
 }
 
 impl Tallies {
@@ -62,8 +63,7 @@ impl Tallies {
             number,
             offsets: (0..records).map(|_| AtomicI64::new(-1)).collect(),
             outstanding: AtomicUsize::new(1),
-            stamp_kind: AtomicU8::new(NONE),
-            stamp_ms: AtomicI64::new(0),
+            stamp: LatestStamp::default(),
             failed: Mutex::default(),
             done: (Mutex::new(false), Condvar::new()),
         });
@@ -73,27 +73,17 @@ impl Tallies {
 
     /// Counts a report of the record whose opaque is `opaque`: its offset, or its refusal.
     pub(super) fn report(&self, opaque: usize, result: Result<(i64, Timestamp), &KafkaError>) {
-        let Some(tally) = lock(&self.open).clone() else {
-            return;
-        };
-        if (opaque >> 32) as u64 != u64::from(tally.number) {
+        let open = lock(&self.open);
+        let (number, index) = split(opaque);
+        let Some(tally) = open.as_ref().filter(|t| t.number == number) else {
             return; // a report of an earlier transaction
-        }
-        let index = opaque & 0xffff_ffff;
+        };
         match result {
             Ok((offset, stamp)) => {
                 if let Some(o) = tally.offsets.get(index) {
                     o.store(offset, Ordering::Relaxed);
                 }
-                let (kind, ms) = match stamp {
-                    Timestamp::NotAvailable => (NONE, 0),
-                    Timestamp::CreateTime(ms) => (CREATE, ms),
-                    Timestamp::LogAppendTime(ms) => (APPEND, ms),
-                };
-                if kind != NONE {
-                    tally.stamp_ms.store(ms, Ordering::Relaxed);
-                    tally.stamp_kind.store(kind, Ordering::Release);
-                }
+                tally.stamp.note(stamp);
             }
             Err(e) => {
                 let mut failed = lock(&tally.failed);
@@ -139,17 +129,7 @@ impl Tally {
                 .map(|o| o.load(Ordering::Relaxed))
                 .collect()),
         };
-        (result, self.stamp())
-    }
-
-    /// The latest report's timestamp.
-    fn stamp(&self) -> Option<Timestamp> {
-        let ms = self.stamp_ms.load(Ordering::Relaxed);
-        match self.stamp_kind.load(Ordering::Acquire) {
-            CREATE => Some(Timestamp::CreateTime(ms)),
-            APPEND => Some(Timestamp::LogAppendTime(ms)),
-            _ => None,
-        }
+        (result, self.stamp.get())
     }
 
     /// Counts one report (or the loop's hold); the last wakes the loop.
