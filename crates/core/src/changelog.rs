@@ -189,14 +189,7 @@ pub fn resolve(
             found,
         });
     }
-    Ok(StoredRecord::new(
-        envelope.due_ms(),
-        envelope.target(),
-        envelope.id(),
-        envelope.key(),
-        value,
-        envelope.headers(),
-    ))
+    Ok(envelope.with_value(value))
 }
 
 /// How long a source topic keeps its records, as far as the changelog needs to know: whether a

@@ -10,7 +10,7 @@ use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
 use tracing::error;
 
-use super::restore::{restore_consumer, Part, RestoreError};
+use super::restore::{poll, restore_consumer, Part, RestoreError};
 use crate::config::Config;
 use crate::store::Store;
 use kafka_delay_core::changelog::{resolve, Restored};
@@ -138,7 +138,7 @@ impl<'c> Bodies<'c> {
             }
             let deadline = Instant::now() + self.wait;
             'read: loop {
-                match consumer.poll(Duration::from_millis(100)) {
+                match poll(consumer, Duration::from_millis(100)) {
                     None if Instant::now() >= deadline => {
                         return Err(KafkaError::MessageConsumption(
                             rdkafka::types::RDKafkaErrorCode::OperationTimedOut,

@@ -31,6 +31,7 @@ pub mod leave;
 pub mod moving;
 pub mod operate;
 pub mod owners;
+mod progress;
 pub mod restore;
 pub mod standby;
 pub mod takeover;

@@ -13,9 +13,10 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::message::Message;
 use rdkafka::{Offset, TopicPartitionList};
-use tracing::{debug, info, warn};
+use tracing::warn;
 
 use super::bodies::Bodies;
+use super::progress::{Progress, Report};
 use crate::config::Config;
 use crate::kafka::base_config;
 use crate::metrics::BrokerMetrics;
@@ -25,12 +26,6 @@ use kafka_delay_core::id::Pid;
 
 /// Entries applied per write batch.
 const CHUNK: usize = 4_096;
-/// How often a long restore logs its progress.
-const PROGRESS_EVERY: Duration = Duration::from_secs(5);
-/// A transaction open this long in a changelog outlived every kafka-delay transaction (10 s,
-/// aborted by the coordinator within another 10 s): the restore waiting on it says so, naming
-/// what an operator can look at.
-const OPEN_TOO_LONG: Duration = Duration::from_secs(60);
 
 /// A partition to restore.
 #[derive(Debug, Clone)]
@@ -90,61 +85,6 @@ pub enum RestoreError {
         /// What is wrong.
         detail: kafka_delay_core::changelog::DecodeError,
     },
-}
-
-/// One partition being restored.
-struct Progress {
-    part: Part,
-    /// Its place among the partitions read together.
-    index: usize,
-    /// Next changelog offset to apply; the restore is done when it reaches `end`.
-    next: i64,
-    end: i64,
-    source_next: Option<i64>,
-    buffer: Vec<Restored>,
-    entries: u64,
-    delta: i64,
-    from_checkpoint: bool,
-    /// See [`Store::restore`]: `Some` when the restore began on an empty partition (the
-    /// writer keeps it up to date).
-    absent_above: Option<i64>,
-    /// The last stable offset the read stopped at, short of `end`, and since when.
-    held_at: Option<(i64, Instant)>,
-}
-
-impl Progress {
-    /// The read reached the last stable offset `stable`, short of the end: a transaction is
-    /// open in the changelog there.
-    fn held(&mut self, stable: i64) {
-        if self.held_at.is_none_or(|(at, _)| at != stable) {
-            self.held_at = Some((stable, Instant::now()));
-        }
-        debug!(topic = %self.part.topic, partition = self.part.partition, stable, end = self.end,
-               "restore waits for a transaction still open in the changelog");
-    }
-
-    /// Says how far the restore is, or, when it has waited on a transaction open in the
-    /// changelog for longer than any kafka-delay transaction lasts, that it does.
-    fn log(&self, started: Instant) {
-        match self.held_at {
-            Some((stable, since)) if since.elapsed() >= OPEN_TOO_LONG => {
-                warn!(topic = %self.part.topic, partition = self.part.partition,
-                      stable_offset = stable, end = self.end,
-                      open_seconds = since.elapsed().as_secs(),
-                      "the restore waits on a transaction open in the changelog for longer \
-                       than any kafka-delay transaction lasts: a transaction the broker never \
-                       ended (`kafka-transactions describe-producers --topic TOPIC \
-                       --partition PARTITION` names its producer; docs/decisions.md, \
-                       \"Testing against Kafka\")");
-            }
-            _ => {
-                info!(topic = %self.part.topic, partition = self.part.partition,
-                      entries = self.entries, at = self.next, end = self.end,
-                      seconds = started.elapsed().as_secs(),
-                      "restoring from the changelog");
-            }
-        }
-    }
 }
 
 /// Restores `parts` into `store` and returns each one's outcome (a cancelled one is left out).
@@ -397,23 +337,11 @@ fn read_topic(
         .enumerate()
         .map(|(i, p)| (p.part.partition, i))
         .collect();
-    let started = Instant::now();
-    let mut logged = Instant::now();
-    let mut shown = Instant::now();
-    let done = |p: &Progress| p.next >= p.end || p.part.cancelled.load(Ordering::Relaxed);
-    let left = |progress: &[Progress]| -> i64 {
-        progress
-            .iter()
-            .filter(|p| !done(p))
-            .map(|p| p.end - p.next)
-            .sum()
-    };
-    while !progress.iter().all(done) {
-        if let Some(g) = remaining.filter(|_| shown.elapsed() >= Duration::from_secs(1)) {
-            shown = Instant::now();
-            g.set(left(progress));
-        }
-        match consumer.poll(Duration::from_millis(100)) {
+    let mut report = Report::new(remaining);
+    while !progress.iter().all(Progress::done) {
+        let polled = poll(consumer, Duration::from_millis(100));
+        report.after(polled.is_none(), progress);
+        match polled {
             None => {}
             // Compaction and transaction markers can leave the last offsets without a record:
             // the end-of-partition event says the rest has been read, up to the last stable
@@ -438,19 +366,25 @@ fn read_topic(
                 };
                 let p = &mut progress[i];
                 p.held_at = None;
-                if m.offset() >= p.next && !done(p) {
+                if m.offset() >= p.next && !p.done() {
                     take(writer, p, &m)?;
                 }
             }
         }
-        if logged.elapsed() >= PROGRESS_EVERY {
-            logged = Instant::now();
-            for p in progress.iter().filter(|p| !done(p)) {
-                p.log(started);
-            }
-        }
     }
     Ok(())
+}
+
+/// The next message of `consumer`: one already fetched without waiting, else waiting up to
+/// `wait`. librdkafka reads the clock for a poll that may wait and not for one that does not,
+/// and a restore mostly finds the next message fetched.
+pub(super) fn poll(
+    consumer: &BaseConsumer,
+    wait: Duration,
+) -> Option<rdkafka::error::KafkaResult<rdkafka::message::BorrowedMessage<'_>>> {
+    consumer
+        .poll(Duration::ZERO)
+        .or_else(|| consumer.poll(wait))
 }
 
 /// Buffers the entry `m` of `p`, applying the buffer when it is a chunk or reaches the end.

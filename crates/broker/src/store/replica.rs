@@ -44,15 +44,16 @@ impl Owned {
 /// Records dropped per write batch when a partition leaves.
 const DROP_CHUNK: usize = 4_096;
 
-/// A pending record as a restore batch needs to know it: its due time, target and id.
-type Known = Option<(u64, String, Option<Vec<u8>>)>;
+/// A pending record as a restore batch knows it: one of the batch's own entries, or read
+/// from RocksDB.
+type Known<'a> = Option<Cow<'a, StoredRecord>>;
 
 /// A restore batch being built.
 struct Restoring<'a, 'db> {
     batch: Batch<'db>,
     counted: Changes<'a>,
-    /// Records this batch has written or deleted so far.
-    records: HashMap<RecordId, Known, BuildMul>,
+    /// Records this batch has written (the entry) or deleted (`None`) so far.
+    records: HashMap<RecordId, Option<&'a StoredRecord>, BuildMul>,
     /// Id mappings this batch has written or deleted so far.
     ids: HashMap<IdKey, Option<RecordId>>,
     delta: i64,
@@ -189,7 +190,7 @@ impl Store {
         let mut r = Restoring {
             batch: self.batch(),
             counted: Changes::default(),
-            records: HashMap::default(),
+            records: HashMap::with_capacity_and_hasher(entries.len(), BuildMul::default()),
             ids: HashMap::new(),
             delta: 0,
             forget: Vec::new(),
@@ -261,9 +262,9 @@ impl Store {
     }
 
     /// What a restore batch knows of `rid`: from the batch, else from RocksDB.
-    fn known(&self, r: &Restoring<'_, '_>, rid: RecordId) -> Result<Known> {
+    fn known<'a>(&self, r: &Restoring<'a, '_>, rid: RecordId) -> Result<Known<'a>> {
         if let Some(k) = r.records.get(&rid) {
-            return Ok(k.clone());
+            return Ok(k.map(Cow::Borrowed));
         }
         if r.absent_above.is_some_and(|v| rid.offset() > v) {
             return Ok(None);
@@ -275,18 +276,14 @@ impl Store {
             what: "records",
             detail,
         })?;
-        Ok(Some((
-            rec.due_ms(),
-            rec.target().to_owned(),
-            rec.id().map(<[u8]>::to_vec),
-        )))
+        Ok(Some(Cow::Owned(rec)))
     }
 
-    fn restore_put(
+    fn restore_put<'a>(
         &self,
-        r: &mut Restoring<'_, '_>,
+        r: &mut Restoring<'a, '_>,
         rid: RecordId,
-        rec: &StoredRecord,
+        rec: &'a StoredRecord,
     ) -> Result<()> {
         // The same record again (a tail re-applied) or moved by an operator: replace in place.
         self.restore_delete(r, rid)?;
@@ -307,15 +304,8 @@ impl Store {
         r.batch
             .put::<Due>(&DueKey::new(rec.due_ms(), rid), rec.target());
         r.counted
-            .push(Cow::Owned(rec.target().to_owned()), rec.due_ms(), true);
-        r.records.insert(
-            rid,
-            Some((
-                rec.due_ms(),
-                rec.target().to_owned(),
-                rec.id().map(<[u8]>::to_vec),
-            )),
-        );
+            .push(Cow::Borrowed(rec.target()), rec.due_ms(), true);
+        r.records.insert(rid, Some(rec));
         r.delta += 1;
         r.min_due = r.min_due.min(rec.due_ms());
         if let Some(v) = &mut r.absent_above {
@@ -324,12 +314,13 @@ impl Store {
         Ok(())
     }
 
-    fn restore_delete(&self, r: &mut Restoring<'_, '_>, rid: RecordId) -> Result<()> {
-        let Some((due, target, id)) = self.known(r, rid)? else {
+    fn restore_delete<'a>(&self, r: &mut Restoring<'a, '_>, rid: RecordId) -> Result<()> {
+        let Some(known) = self.known(r, rid)? else {
             return Ok(());
         };
-        if let Some(id) = id {
-            let key = IdKey::new(rid.pid(), &id);
+        let due = known.due_ms();
+        if let Some(id) = known.id() {
+            let key = IdKey::new(rid.pid(), id);
             let mapped = match r.ids.get(&key) {
                 Some(m) => *m,
                 None => self.mapped_id(&key)?.map(|(m, _)| m),
@@ -341,7 +332,11 @@ impl Store {
         }
         r.batch.delete::<Records>(&RecordKey::new(rid));
         r.batch.delete::<Due>(&DueKey::new(due, rid));
-        r.counted.push(Cow::Owned(target), due, false);
+        let target = match known {
+            Cow::Borrowed(rec) => Cow::Borrowed(rec.target()),
+            Cow::Owned(rec) => Cow::Owned(rec.target().to_owned()),
+        };
+        r.counted.push(target, due, false);
         r.records.insert(rid, None);
         r.forget.push(rid);
         r.delta -= 1;

@@ -143,6 +143,26 @@ impl StoredRecord {
         })
     }
 
+    /// The same record with `value` as its value: the bytes around the value copied as they
+    /// are, the headers not read again (a restored pointer takes its value this way).
+    pub fn with_value(&self, value: Option<&[u8]>) -> Self {
+        let value_end = self.headers_at - 4;
+        let value_at = value_end - 4 - self.value.map_or(0, |(start, end)| end - start);
+        let tail = &self.bytes[value_end..];
+        let mut bytes =
+            Vec::with_capacity(value_at + 4 + value.map_or(0, <[u8]>::len) + tail.len());
+        bytes.extend_from_slice(&self.bytes[..value_at]);
+        let value = put_bytes(&mut bytes, value);
+        let headers_at = bytes.len() + 4;
+        bytes.extend_from_slice(tail);
+        Self {
+            bytes,
+            value,
+            headers_at,
+            ..*self
+        }
+    }
+
     /// Owned copies of the headers.
     pub fn to_headers(&self) -> Vec<Header> {
         self.headers().map(HeaderRef::to_header).collect()
@@ -348,6 +368,19 @@ mod tests {
             prop_assert_eq!(r.header_count(), p.5.len());
             prop_assert_eq!(&r.to_headers(), &p.5);
             prop_assert_eq!(StoredRecord::from_bytes(r.encoded().to_vec()), Ok(r));
+        }
+
+        #[test]
+        fn a_record_given_another_value_is_the_one_built_with_it(
+            p in parts(),
+            value in prop::option::of(prop::collection::vec(any::<u8>(), 0..300)),
+        ) {
+            let mut q = p.clone();
+            q.4 = value.clone();
+            let replaced = build(&p).with_value(value.as_deref());
+            prop_assert_eq!(replaced.value(), value.as_deref());
+            prop_assert_eq!(&replaced, &build(&q));
+            prop_assert_eq!(StoredRecord::from_bytes(replaced.encoded().to_vec()), Ok(replaced));
         }
 
         #[test]
