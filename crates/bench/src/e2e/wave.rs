@@ -22,6 +22,7 @@ use rdkafka::Message;
 use super::modes::Mode;
 use super::throughput::BrokerRun;
 use crate::harness::Kafka;
+use crate::machine::Stopwatch;
 use crate::BenchError;
 use kafka_delay::app;
 use kafka_delay::kafka;
@@ -76,6 +77,9 @@ pub struct Wave {
     pub drain_per_s: f64,
     /// `drain_per_s` over `passthrough_per_s`.
     pub of_passthrough: f64,
+    /// This process's CPU time (the broker's: the bench waits meanwhile) from T until every
+    /// record had fired, per record, microseconds.
+    pub drain_cpu_us_per_record: f64,
     /// The verifier's verdict (arrival by Kafka's append time against T).
     pub verdict: kafka_delay::verify::Report,
 }
@@ -162,6 +166,12 @@ impl Kafka {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         let ingest_s = started.elapsed().as_secs_f64();
+        // The drain's CPU is counted from T: before it the broker only waits.
+        tokio::time::sleep(Duration::from_millis(
+            due.saturating_sub(SystemClock.now_ms()),
+        ))
+        .await;
+        let draining = Stopwatch::start();
         let fired = (running.metrics().fire.records).with_label_values(&[dst.as_str()]);
         let deadline = Instant::now() + lead + Duration::from_secs(600);
         while fired.get() < n || running.store().pending() > 0 {
@@ -170,6 +180,7 @@ impl Kafka {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
+        let drain_cpu = draining.stop().cpu;
         running.shutdown().await;
         let tally = self.read_wave(&dst, n, due).await?;
         let verdict = tally.report();
@@ -184,6 +195,7 @@ impl Kafka {
             drain_s: last,
             drain_per_s,
             of_passthrough: drain_per_s / passthrough_per_s,
+            drain_cpu_us_per_record: drain_cpu.as_secs_f64() * 1e6 / n as f64,
             verdict,
         })
     }
@@ -238,12 +250,12 @@ fn key_index(key: Option<&[u8]>, n: u64) -> Option<usize> {
 
 /// The table: one line per mode.
 fn print(waves: &[Wave]) {
-    println!("| mode | records | passthrough rec/s | ingest s | drain s | drained rec/s | of the passthrough | early | lost | duplicates | lateness p50 / p99 / max ms |");
-    println!("|---|---|---|---|---|---|---|---|---|---|---|");
+    println!("| mode | records | passthrough rec/s | ingest s | drain s | drained rec/s | of the passthrough | drain CPU us/rec | early | lost | duplicates | lateness p50 / p99 / max ms |");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|---|");
     for w in waves {
         let v = &w.verdict;
         println!(
-            "| {} | {} | {:.0} | {:.1} | {:.2} | {:.0} | **{:.2}** | {} | {} | {} | {} / {} / {} |",
+            "| {} | {} | {:.0} | {:.1} | {:.2} | {:.0} | **{:.2}** | {:.2} | {} | {} | {} | {} / {} / {} |",
             w.mode.name(),
             w.records,
             w.passthrough_per_s,
@@ -251,6 +263,7 @@ fn print(waves: &[Wave]) {
             w.drain_s,
             w.drain_per_s,
             w.of_passthrough,
+            w.drain_cpu_us_per_record,
             v.early,
             v.lost,
             v.duplicates,
