@@ -130,7 +130,8 @@ fn bench_modes_moves_every_record_through_the_passthrough_and_each_mode() {
 /// `kafka-delay-bench wave` at a tiny size on Apache Kafka: in each production mode every
 /// record of the wave, all due at one instant the bench planned, arrives once and none before
 /// that instant by Kafka's append time, and the JSON carries the drain rate beside its
-/// passthrough's, and the drain's CPU per record. Without Apache Kafka the command says it needs one.
+/// passthrough's, and the drain's CPU per record. Without Apache Kafka the command says it
+/// needs one.
 #[test]
 fn bench_wave_fires_every_record_of_a_wave_once_and_none_early_in_each_production_mode() {
     let on_kafka = std::env::var("KAFKA_DELAY_TEST_BROKERS").is_ok_and(|b| !b.is_empty());

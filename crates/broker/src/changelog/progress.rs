@@ -35,8 +35,8 @@ pub(super) struct Progress {
     pub(super) entries: u64,
     pub(super) delta: i64,
     pub(super) from_checkpoint: bool,
-    /// See [`crate::store::Store::restore`]: `Some` when the restore began on an empty partition (the
-    /// writer keeps it up to date).
+    /// See [`crate::store::Store::restore`]: `Some` when the restore began on an empty
+    /// partition (the writer keeps it up to date).
     pub(super) absent_above: Option<i64>,
     /// The last stable offset the read stopped at, short of `end`, and since when.
     pub(super) held_at: Option<(i64, Instant)>,
