@@ -174,11 +174,11 @@ fn mode_name(mode: &[&str]) -> &'static str {
 fn judge(scenario: &str, (alo, alo_logs): (Value, String), (eos, eos_logs): (Value, String)) {
     eprintln!("{scenario}\n  at-least-once: {alo}\n  exactly-once:  {eos}");
     assert!(
-        alo["lost"] == 0 && alo["early"] == 0,
+        nothing_lost_or_early(&alo),
         "{scenario}, at-least-once: {alo}\n{alo_logs}"
     );
     assert!(
-        alo["duplicates"].as_u64().is_some_and(|d| d > 0),
+        duplicates_shown(&alo),
         "{scenario}: at-least-once showed no duplicates, so the scenario does not exercise \
          what exactly-once removes: {alo}"
     );
@@ -186,6 +186,14 @@ fn judge(scenario: &str, (alo, alo_logs): (Value, String), (eos, eos_logs): (Val
         eos["lost"] == 0 && eos["duplicates"] == 0 && eos["early"] == 0,
         "{scenario}, exactly-once: {eos}\n{eos_logs}"
     );
+}
+
+fn nothing_lost_or_early(report: &Value) -> bool {
+    report["lost"] == 0 && report["early"] == 0
+}
+
+fn duplicates_shown(report: &Value) -> bool {
+    report["duplicates"].as_u64().is_some_and(|d| d > 0)
 }
 
 /// The at-least-once arm of a scenario whose duplicates depend on timing (a broker killed
@@ -201,10 +209,10 @@ where
     for again in 2..=runs {
         let (alo, logs) = &last;
         assert!(
-            alo["lost"] == 0 && alo["early"] == 0,
+            nothing_lost_or_early(alo),
             "{scenario}, at-least-once: {alo}\n{logs}"
         );
-        if alo["duplicates"].as_u64().is_some_and(|d| d > 0) {
+        if duplicates_shown(alo) {
             break;
         }
         eprintln!("{scenario}: at-least-once showed no duplicate ({alo}); run {again} of {runs}");
