@@ -129,6 +129,8 @@ impl Logged {
                 return false;
             }
         }
+        // The changelog takes the groups' entries in the order they were stored.
+        group.turn.come().await;
         let unlogged = g.changelog().unlogged();
         // A lingering group's entries are decided and handed to the producer in the order of
         // the tombstones of its records that fired meanwhile.

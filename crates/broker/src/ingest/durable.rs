@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use rdkafka::consumer::BaseConsumer;
 use rdkafka::TopicPartitionList;
-use tokio::sync::watch;
+use tokio::sync::{oneshot, watch};
 
 use super::IngestContext;
 use crate::dead_letter::{DeadLetter, DeadLetters};
@@ -29,6 +29,26 @@ pub type Guard = Box<dyn Send>;
 /// ([`Durable::fire_now`]): the task waiting for their acknowledgements, which ends with the
 /// places in the group's operations of the records their target refused.
 pub type Sending = tokio::task::JoinHandle<Vec<usize>>;
+
+/// When the group stored before this one is safe (or its task ended). Nothing of a group may
+/// be made visible before that: groups are made safe in the order they were stored. A mode may
+/// prepare a group's writes while it waits.
+#[derive(Debug, Default)]
+pub struct Turn(Option<oneshot::Receiver<()>>);
+
+impl Turn {
+    /// The turn that comes when `before` says so (`None`: at once).
+    pub fn after(before: Option<oneshot::Receiver<()>>) -> Self {
+        Self(before)
+    }
+
+    /// Waits for the group before this one; at once when waited for already.
+    pub async fn come(&mut self) {
+        if let Some(before) = self.0.take() {
+            let _ = before.await; // safe, or its task ended: either way it is over
+        }
+    }
+}
 
 /// A group of records RocksDB has taken, for the durability mode to make safe beyond this disk.
 #[derive(Debug)]
@@ -52,6 +72,16 @@ pub struct Stored<'a, 'm> {
     /// The group's records due at ingest, on their way to their targets
     /// ([`Durable::fire_now`]).
     pub sending: Option<Sending>,
+    /// When the group before this one is safe: the mode waits for it ([`Turn::come`]) before
+    /// it writes anything of this group.
+    pub turn: &'a mut Turn,
+    /// The store's ownership stamp once the group was read ([`Store::ownership_now`]): a
+    /// partition whose stamp is later now ([`Store::owned_since`]) was revoked and handed here
+    /// again meanwhile, and what the group read of it was dropped by its restore.
+    ///
+    /// [`Store::ownership_now`]: crate::store::Store::ownership_now
+    /// [`Store::owned_since`]: crate::store::Store::owned_since
+    pub owned_at: u64,
 }
 
 /// How a group's source offsets reach the consumer group.
@@ -89,12 +119,13 @@ pub trait Durable: Send + Sync + std::fmt::Debug {
         })
     }
     /// After RocksDB took the group, before its offsets are stored and its records reach the
-    /// wheel: makes it safe beyond this disk. `false`: not made safe (stopping, or none of its
-    /// partitions is owned here any more); nothing of the group is acknowledged.
+    /// wheel: makes it safe beyond this disk, once its turn has come ([`Stored::turn`]).
+    /// `false`: not made safe (stopping, or none of its partitions is owned here any more);
+    /// nothing of the group is acknowledged.
     fn after_store<'a, 'm: 'a>(&'a self, group: Stored<'a, 'm>) -> BoxFuture<'a, bool>;
-    /// Whether ingest reads and stores the next group while this mode makes the last one safe
-    /// ([`Durable::after_store`]), for a mode that waits on the network for it: then the guard,
-    /// held until that group is safe, that a revoke waits for. Asked once per group.
+    /// Whether ingest reads and stores the next groups while this mode makes the last one
+    /// safe ([`Durable::after_store`]), for a mode that waits on the network for it: then the
+    /// guard, held until that group is safe, that a revoke waits for. Asked once per group.
     fn in_flight(&self) -> Option<Guard> {
         None
     }

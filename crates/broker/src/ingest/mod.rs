@@ -14,9 +14,10 @@
 //! 5. the new records go to the scheduler.
 //!
 //! Steps 3 to 5 run in the background, while the next group is read and stored (1 and 2), when
-//! the mode waits on the network for step 3 ([`Durable::in_flight`]; `safe`): one group at a time,
-//! in order. Where the mode lingers ([`Durable::linger`]), step 5 comes first, at once, and steps
-//! 3 and 4 follow after the linger, group after group.
+//! the mode waits on the network for step 3 ([`Durable::in_flight`]; `safe`): in order, one
+//! group at a time made safe and the next made ready meanwhile. Where the mode lingers
+//! ([`Durable::linger`]), step 5 comes first, at once, and steps 3 and 4 follow after the
+//! linger, group after group.
 //!
 //! A record below the offset already stored for its partition was ingested before a crash and
 //! is skipped. A RocksDB write failure (a full disk) pauses consumption and is retried; no
@@ -41,7 +42,7 @@ use tracing::{debug, error, info, warn};
 
 pub use consumer::{consumer, consumer_config, ready_now, subscribe, Broken};
 pub use context::IngestContext;
-pub use durable::{Durable, Guard, Last, OffsetCommit, Rebalance, Sending, Stored};
+pub use durable::{Durable, Guard, Last, OffsetCommit, Rebalance, Sending, Stored, Turn};
 pub use topics::TopicCreator;
 
 use crate::backoff::Backoff;
@@ -240,6 +241,9 @@ impl Ingest {
         if ops.is_empty() {
             return;
         }
+        // After the group's partitions were found owned (a revoke comes only when the consumer
+        // is polled, after this group is handed on).
+        let owned_at = self.store.ownership_now();
         let ops = Arc::new(ops);
         crate::failpoint::hit("after-consume");
         self.durability.before_store(&self.dead, &dead).await;
@@ -262,10 +266,11 @@ impl Ingest {
                 })
                 .collect(),
             dead,
+            owned_at,
         };
         let settled = match self.durability.in_flight() {
             Some(guard) => in_flight.start(finisher, taken, guard).await,
-            None => finisher.finish(taken, None).await,
+            None => finisher.finish(taken, None, Turn::default()).await,
         };
         self.next_offsets.extend(settled);
     }

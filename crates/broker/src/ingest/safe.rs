@@ -3,10 +3,12 @@
 //!
 //! Where the mode waits on the network for that (the changelog's acknowledgement), the steps run
 //! in the background while ingest reads and stores the next groups ([`Pipeline`]): groups become
-//! safe in the order they were stored, and the guard the mode gives for each
-//! ([`Durable::in_flight`]), held until the group is safe, makes a revoke wait for it. Either
-//! - a group's records reach the wheel only once it is safe, and one group at a time is in
-//!   flight; or
+//! safe in the order they were stored (each waits for its [`Turn`]), and the guard the mode
+//! gives for each ([`Durable::in_flight`]), held until the group is safe, makes a revoke wait
+//! for it. Either
+//! - a group's records reach the wheel only once it is safe, and two groups at a time are in
+//!   flight: one being made safe, the next prepared meanwhile (its transaction's records made
+//!   ready while the one before commits); or
 //! - where the mode lingers ([`Durable::linger`]), they reach the wheel at once, and the group
 //!   is made safe once the linger is over (at once when the broker stops), after the group
 //!   before it.
@@ -20,7 +22,7 @@ use tokio::task::JoinHandle;
 use tokio::time::Instant;
 use tracing::{debug, error, warn};
 
-use super::{Durable, Guard, IngestContext, Last, OffsetCommit, Sending, Stored};
+use super::{Durable, Guard, IngestContext, Last, OffsetCommit, Sending, Stored, Turn};
 use crate::dead_letter::{DeadLetter, DeadLetters};
 use crate::metrics::Metrics;
 use crate::scheduler::{Inserts, Wake};
@@ -42,6 +44,8 @@ pub(super) struct Taken {
     pub dead: Vec<DeadLetter>,
     /// Its records due at ingest, on their way to their targets.
     pub sending: Option<Sending>,
+    /// The store's ownership stamp once the group was read ([`Stored::owned_at`]).
+    pub owned_at: u64,
 }
 
 /// The next offset of each partition a group made safe.
@@ -60,21 +64,26 @@ pub(super) struct Finisher {
 }
 
 impl Finisher {
-    /// Makes `group` safe (holding `guard` until then), stores its offsets and hands its
-    /// records to the wheel: the next offset of each partition made safe (none when the mode
-    /// did not make it safe).
-    pub(super) async fn finish(&self, mut group: Taken, guard: Option<Guard>) -> Settled {
-        let settled = self.make_safe(&mut group, guard).await;
+    /// Makes `group` safe once its `turn` comes (holding `guard` until then), stores its
+    /// offsets and hands its records to the wheel: the next offset of each partition made safe
+    /// (none when the mode did not make it safe).
+    pub(super) async fn finish(
+        &self,
+        mut group: Taken,
+        guard: Option<Guard>,
+        mut turn: Turn,
+    ) -> Settled {
+        let settled = self.make_safe(&mut group, guard, &mut turn).await;
         if !settled.is_empty() {
             self.to_wheel(&mut group.applied).await;
         }
         settled
     }
 
-    /// Makes `group` safe (holding `guard` until then) and stores its offsets: the next offset
-    /// of each partition made safe (none when the mode did not make it safe, and then it is
-    /// consumed again, here or by the partition's new owner).
-    async fn make_safe(&self, group: &mut Taken, guard: Option<Guard>) -> Settled {
+    /// Makes `group` safe once its `turn` comes (holding `guard` until then) and stores its
+    /// offsets: the next offset of each partition made safe (none when the mode did not make
+    /// it safe, and then it is consumed again, here or by the partition's new owner).
+    async fn make_safe(&self, group: &mut Taken, guard: Option<Guard>, turn: &mut Turn) -> Settled {
         let mut last: Last<'_> = group
             .last
             .iter()
@@ -89,8 +98,13 @@ impl Finisher {
             dead_letters: &self.dead_letters,
             stopping: self.stopping.as_ref(),
             sending: group.sending.take(),
+            turn: &mut *turn,
+            owned_at: group.owned_at,
         };
         let safe = self.durability.after_store(stored).await;
+        // The group after this one waits for this one's end, which never comes before the
+        // turn of this one, whatever the mode did.
+        turn.come().await;
         drop(guard);
         if !safe {
             return Vec::new();
@@ -125,11 +139,22 @@ impl Finisher {
         }
     }
 
-    /// Starts `group`'s last steps in the background, holding `guard` until it is safe.
-    fn spawn(&self, group: Taken, guard: Guard) -> InFlight {
+    /// Starts `group`'s last steps in the background, holding `guard` until it is safe, once
+    /// its `turn` comes; `done` says when they are over.
+    fn spawn(
+        &self,
+        (group, guard): (Taken, Guard),
+        turn: Turn,
+        done: oneshot::Sender<()>,
+    ) -> InFlight {
         let this = self.clone();
+        let task = tokio::spawn(async move {
+            let settled = this.finish(group, Some(guard), turn).await;
+            let _ = done.send(());
+            settled
+        });
         InFlight {
-            task: tokio::spawn(async move { this.finish(group, Some(guard)).await }),
+            task,
             resumed: HashMap::new(),
         }
     }
@@ -167,10 +192,9 @@ impl Finisher {
                 () = stopping => {}
                 () = hurried => {}
             }
-            if let Some(after) = after {
-                let _ = after.await; // the group before it is safe, or its task ended
-            }
-            let settled = this.make_safe(&mut group, Some(guard)).await;
+            let mut turn = Turn::after(after);
+            turn.come().await;
+            let settled = this.make_safe(&mut group, Some(guard), &mut turn).await;
             let _ = done.send(());
             if !settled.is_empty() {
                 // Records due at ingest that their target refused, stored after all.
@@ -187,6 +211,11 @@ impl Finisher {
 
 /// Most lingering groups in flight: ingest waits for the oldest beyond that.
 const MOST_LINGERING: usize = 4_096;
+
+/// Most groups in flight that reach the wheel once safe: one being made safe, the next made
+/// ready meanwhile. Ingest waits for the oldest beyond that (reading and storing the group
+/// after them meanwhile).
+const MOST_WAITING: usize = 2;
 
 /// The groups being made safe in the background, oldest first.
 #[derive(Debug, Default)]
@@ -225,25 +254,36 @@ impl Pipeline {
         mut group: Taken,
         guard: Guard,
     ) -> Settled {
-        let Some(linger) = finisher.durability.linger(&group.applied) else {
-            let settled = self.settle_all().await;
-            self.groups.push_back(finisher.spawn(group, guard));
-            return settled;
+        let linger = finisher.durability.linger(&group.applied);
+        if linger.is_some() {
+            finisher.to_wheel(&mut group.applied).await;
+        }
+        let settled = self
+            .settle_beyond(linger.map_or(MOST_WAITING, |_| MOST_LINGERING) - 1)
+            .await;
+        let (done, newest) = oneshot::channel();
+        let after = self.newest.replace(newest);
+        let next = match linger {
+            None => finisher.spawn((group, guard), Turn::after(after), done),
+            Some(linger) => {
+                let until = Instant::now() + linger;
+                finisher.linger((group, guard), until, after, done)
+            }
         };
-        finisher.to_wheel(&mut group.applied).await;
+        self.groups.push_back(next);
+        settled
+    }
+
+    /// Waits for the oldest groups until at most `most` are in flight, and takes those
+    /// finished by now: the next offsets they made safe, in order.
+    async fn settle_beyond(&mut self, most: usize) -> Settled {
         let mut settled = Vec::new();
-        while self.groups.len() >= MOST_LINGERING
-            || self.groups.front().is_some_and(|g| g.task.is_finished())
+        while self.groups.len() > most || self.groups.front().is_some_and(|g| g.task.is_finished())
         {
             if let Some(g) = self.groups.pop_front() {
                 settled.extend(g.settled().await);
             }
         }
-        let (done, newest) = oneshot::channel();
-        let after = self.newest.replace(newest);
-        let until = Instant::now() + linger;
-        self.groups
-            .push_back(finisher.linger((group, guard), until, after, done));
         settled
     }
 }

@@ -9,7 +9,8 @@
 //! is deleted once.
 
 use std::borrow::Cow;
-use std::collections::{HashMap, HashSet};
+use std::collections::hash_map::Entry;
+use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 
 use kafka_delay_core::hashing::BuildMul;
@@ -27,8 +28,12 @@ use kafka_delay_core::record::StoredRecord;
 pub(super) enum Owned {
     /// Every partition (no changelog: the local store is the only copy).
     All,
-    /// Only these, restored and not revoked.
-    Only(HashSet<Pid, BuildMul>),
+    /// Only these, restored and not revoked, each with the stamp it was handed here with: the
+    /// number of partitions handed here until then (`handed`, counting every time).
+    Only {
+        since: HashMap<Pid, u64, BuildMul>,
+        handed: u64,
+    },
 }
 
 impl Owned {
@@ -36,7 +41,7 @@ impl Owned {
     pub(super) fn contains(&self, pid: Pid) -> bool {
         match self {
             Owned::All => true,
-            Owned::Only(set) => set.contains(&pid),
+            Owned::Only { since, .. } => since.contains_key(&pid),
         }
     }
 }
@@ -68,7 +73,10 @@ struct Restoring<'a, 'db> {
 impl Store {
     /// From now on only the partitions handed to [`Store::own`] fire (a changelog is on).
     pub fn track_ownership(&self) {
-        self.lock_firing().owned = Owned::Only(HashSet::default());
+        self.lock_firing().owned = Owned::Only {
+            since: HashMap::default(),
+            handed: 0,
+        };
         self.tracks_ownership.store(true, Ordering::Release);
     }
 
@@ -77,12 +85,34 @@ impl Store {
         !self.tracks_ownership.load(Ordering::Acquire) || self.lock_firing().owned.contains(pid)
     }
 
+    /// The stamp `pid` was handed to this store with ([`Store::own`]): `None` when it is not
+    /// owned here (0 for every partition without a changelog). A partition revoked and handed
+    /// here again has a later stamp than [`Store::ownership_now`] said before that.
+    pub fn owned_since(&self, pid: Pid) -> Option<u64> {
+        if !self.tracks_ownership.load(Ordering::Acquire) {
+            return Some(0);
+        }
+        match &self.lock_firing().owned {
+            Owned::All => Some(0),
+            Owned::Only { since, .. } => since.get(&pid).copied(),
+        }
+    }
+
+    /// The latest stamp a partition was handed here with: every partition owned now has one
+    /// at most this, and any handed here from now on a greater one.
+    pub fn ownership_now(&self) -> u64 {
+        match &self.lock_firing().owned {
+            Owned::All => 0,
+            Owned::Only { handed, .. } => *handed,
+        }
+    }
+
     /// How many source partitions fire from this store (without a changelog: every one it
     /// has seen).
     pub fn owned_partitions(&self) -> usize {
         match &self.lock_firing().owned {
             Owned::All => self.partition_count(),
-            Owned::Only(set) => set.len(),
+            Owned::Only { since, .. } => since.len(),
         }
     }
 
@@ -91,15 +121,18 @@ impl Store {
     pub fn owned_pids(&self) -> Vec<Pid> {
         match &self.lock_firing().owned {
             Owned::All => Vec::new(),
-            Owned::Only(set) => set.iter().copied().collect(),
+            Owned::Only { since, .. } => since.keys().copied().collect(),
         }
     }
 
     /// Records of `pid` fire from this store from now on (its restore is complete).
     pub fn own(&self, pid: Pid) {
         let mut firing = self.lock_firing();
-        if let Owned::Only(set) = &mut firing.owned {
-            set.insert(pid);
+        if let Owned::Only { since, handed } = &mut firing.owned {
+            if let Entry::Vacant(e) = since.entry(pid) {
+                *handed += 1;
+                e.insert(*handed);
+            }
         }
         self.forget_copy(pid);
     }
@@ -108,8 +141,8 @@ impl Store {
     /// claimed (being published) now. Wait with [`Store::claimed_in`] until none are.
     pub fn disown(&self, pid: Pid) -> usize {
         let mut firing = self.lock_firing();
-        if let Owned::Only(set) = &mut firing.owned {
-            set.remove(&pid);
+        if let Owned::Only { since, .. } = &mut firing.owned {
+            since.remove(&pid);
         }
         firing.claimed_of(pid)
     }

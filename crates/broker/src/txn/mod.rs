@@ -127,8 +127,9 @@ impl Cut {
 /// The consumer's group metadata, read when a transaction sends offsets.
 pub type GroupMetadata = Arc<dyn Fn() -> Option<ConsumerGroupMetadata> + Send + Sync>;
 
-/// Whether a source partition is still owned here.
-pub type Owned = Arc<dyn Fn(Pid) -> bool + Send + Sync>;
+/// The stamp a source partition was handed here with, while it is owned here
+/// ([`Store::owned_since`](crate::store::Store::owned_since)).
+pub type Owned = Arc<dyn Fn(Pid) -> Option<u64> + Send + Sync>;
 
 /// Makes a new transactional producer (same `transactional.id`) after a fence.
 pub type Renew = Arc<dyn Fn() -> Result<TxnProducer, KafkaError> + Send + Sync>;
@@ -211,6 +212,9 @@ pub struct Work {
     pub offsets: Offsets,
     /// Source partitions the work belongs to (see [`Setup::owned`]).
     pub partitions: Vec<Pid>,
+    /// When given, the work belongs to them as they were owned at this stamp: one handed
+    /// here again since (revoked and restored meanwhile) is not owned for it.
+    pub owned_at: Option<u64>,
     /// Run once the transaction committed, before the commit is answered.
     pub after: Option<AfterCommit>,
 }
@@ -234,6 +238,7 @@ impl std::fmt::Debug for Work {
             .field("records", &self.records.len())
             .field("offsets", &self.offsets)
             .field("partitions", &self.partitions)
+            .field("owned_at", &self.owned_at)
             .finish_non_exhaustive()
     }
 }

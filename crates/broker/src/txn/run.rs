@@ -17,7 +17,7 @@ use super::end::{answers, collateral, commit, committing, looked_up};
 use super::outcome::Outcome;
 use super::refused::Refused;
 use super::stuck::{retire, watched, Phase, Step, HUNG};
-use super::{classify, Offsets, Out, Placed, Queued, Setup, TxnError, TxnProducer, Work};
+use super::{classify, Offsets, Out, Owned, Placed, Queued, Setup, TxnError, TxnProducer, Work};
 use crate::kafka_clock::KafkaClock;
 
 /// How long a transaction being gathered waits for the next piece of work.
@@ -298,10 +298,7 @@ fn write(
     // Every record is in its partition's log now: an instance assigned one of these
     // partitions after this check reads up to past them, and waits for this transaction.
     if let Some(owned) = &setup.owned {
-        if let Some(i) = works
-            .iter()
-            .position(|w| !w.partitions.iter().all(|p| owned(*p)))
-        {
+        if let Some(i) = works.iter().position(|w| !owned_for(owned, w)) {
             return Err(Failure::NotOwned(i));
         }
     }
@@ -404,6 +401,13 @@ fn acknowledged(
     }
 }
 
+/// Whether every partition `work` belongs to is owned here, as it was at the work's stamp.
+fn owned_for(owned: &Owned, work: &Work) -> bool {
+    work.partitions
+        .iter()
+        .all(|p| owned(*p).is_some_and(|since| work.owned_at.is_none_or(|at| since <= at)))
+}
+
 /// The member's group metadata, when there are `offsets` to commit with it.
 fn member(setup: &Setup, offsets: &Offsets) -> Result<Option<ConsumerGroupMetadata>, Failure> {
     if offsets.is_empty() {
@@ -430,6 +434,7 @@ fn refused(i: usize, e: KafkaError) -> Failure {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use kafka_delay_core::id::Pid;
 
     fn work(offsets: &[(&str, i32, i64)], records: usize) -> Work {
         Work {
@@ -440,6 +445,28 @@ mod tests {
                 .collect(),
             ..Work::default()
         }
+    }
+
+    #[test]
+    fn work_read_before_its_partition_was_handed_here_again_is_not_owned_for() {
+        // Partition 1 was handed here at stamp 3, partition 2 at stamp 7; 9 is not owned.
+        let owned: Owned = Arc::new(|pid| match pid {
+            1 => Some(3),
+            2 => Some(7),
+            _ => None,
+        });
+        let of = |partitions: Vec<Pid>, owned_at| Work {
+            partitions,
+            owned_at,
+            ..Work::default()
+        };
+        assert!(owned_for(&owned, &of(vec![1, 2], None)));
+        assert!(owned_for(&owned, &of(vec![1, 2], Some(7))));
+        // Read at stamp 5: partition 2 was revoked and restored here since.
+        assert!(owned_for(&owned, &of(vec![1], Some(5))));
+        assert!(!owned_for(&owned, &of(vec![1, 2], Some(5))));
+        assert!(!owned_for(&owned, &of(vec![9], None)));
+        assert!(owned_for(&owned, &of(vec![], Some(0))));
     }
 
     #[test]

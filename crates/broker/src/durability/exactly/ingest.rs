@@ -14,7 +14,7 @@ use crate::backoff::Backoff;
 use crate::changelog::group_entries;
 use crate::dead_letter::{self, DeadLetter, DeadLetters};
 use crate::durability::due::Firing;
-use crate::ingest::{Durable, Last, OffsetCommit, Stored};
+use crate::ingest::{Durable, Guard, Last, OffsetCommit, Stored};
 use crate::store::StoreError;
 use crate::txn::{TxnError, Work};
 use crate::BoxFuture;
@@ -46,6 +46,12 @@ impl Durable for Exactly {
 
     fn offset_commit(&self) -> OffsetCommit {
         OffsetCommit::WithGroup
+    }
+
+    /// A group commits while the next is read, stored and its transaction made ready; a
+    /// revoke waits for the groups in flight.
+    fn in_flight(&self) -> Option<Guard> {
+        Some(Box::new(self.grouped.handoff().owing()))
     }
 
     /// A transaction's worth of records: every group commits in a transaction of its own,
@@ -93,6 +99,8 @@ impl Exactly {
             dead_letters,
             stopping,
             sending: _, // nothing is sent before the transaction
+            turn,
+            owned_at,
         } = group;
         let store = self.grouped.store();
         // Dead letters the topic refused as too large go again without their value.
@@ -101,21 +109,42 @@ impl Exactly {
         let mut firing = Firing::default();
         let mut backoff = Backoff::standard();
         let mut stale_since: Option<Instant> = None;
+        // The first transaction's work is made while the group before this one commits. A
+        // partition revoked meanwhile leaves the group, for good: handed here again, it was
+        // restored, and what this group read of it dropped and consumed again.
+        let owned = |last: &mut Last<'_>| {
+            let before = last.len();
+            last.retain(|pid, _| store.owned_since(*pid).is_some_and(|s| s <= owned_at));
+            last.len() == before
+        };
+        owned(last);
+        let mut ready = (!last.is_empty()).then(|| {
+            self.group_work(
+                (ops, stamps, &*applied),
+                last,
+                (dead, dead_letters),
+                (&valueless, &firing),
+            )
+        });
+        turn.come().await;
         loop {
             if stopping.is_some_and(|s| *s.borrow()) {
                 return false;
             }
-            last.retain(|pid, _| store.owns(*pid));
+            let unchanged = owned(last);
             if last.is_empty() {
                 return false;
             }
-            let sent_ms = self.at_ingest.now_ms();
-            let (work, layout) = self.group_work(
-                (ops, stamps, &*applied),
-                last,
-                (dead, dead_letters),
-                (&valueless, &firing, sent_ms),
-            );
+            let (mut work, layout, sent_ms) = match ready.take().filter(|_| unchanged) {
+                Some(ready) => ready,
+                None => self.group_work(
+                    (ops, stamps, &*applied),
+                    last,
+                    (dead, dead_letters),
+                    (&valueless, &firing),
+                ),
+            };
+            work.owned_at = Some(owned_at);
             let refused = match self.transactions.commit(work).await {
                 Ok(written) => {
                     self.checkpoint(last, &layout.changelog, &written);
@@ -179,7 +208,7 @@ impl Exactly {
 
     /// The transaction of a group: each partition's changelog entries (records, what they
     /// removed, the next source offset), then the dead letters, then the target records of
-    /// the records due at ingest (handed to Kafka at `sent_ms`), and the source offsets.
+    /// the records due at ingest, and the source offsets; with the time they are fired at (now).
     fn group_work(
         &self,
         (ops, stamps, applied): (
@@ -189,8 +218,9 @@ impl Exactly {
         ),
         last: &Last<'_>,
         (dead, dead_letters): (&[DeadLetter], &DeadLetters),
-        (valueless, firing, sent_ms): (&HashSet<usize>, &Firing, u64),
-    ) -> (Work, Layout) {
+        (valueless, firing): (&HashSet<usize>, &Firing),
+    ) -> (Work, Layout, u64) {
+        let sent_ms = self.at_ingest.now_ms();
         let changelog = self.grouped.changelog();
         let topic_of = |pid| last.get(&pid).map(|&(topic, ..)| topic);
         let mut by_pid = group_entries(changelog, (ops, stamps), applied, topic_of, |_, _| true);
@@ -227,7 +257,7 @@ impl Exactly {
                 .push(self.at_ingest.out(store, id, record, sent_ms));
             layout.fires.push(place);
         }
-        (work, layout)
+        (work, layout, sent_ms)
     }
 
     /// After the commit: each partition's checkpoint (the changelog offset after its last

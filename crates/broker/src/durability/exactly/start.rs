@@ -60,7 +60,7 @@ pub(in crate::durability) async fn start(
     };
     let owned = {
         let s = store.clone();
-        Arc::new(move |pid| s.owns(pid))
+        Arc::new(move |pid| s.owned_since(pid))
     };
     let lookup = {
         let changelog = grouped.changelog().clone();

@@ -181,6 +181,35 @@ fn with_ownership_tracked_only_owned_partitions_fire_and_a_disown_reports_what_i
 }
 
 #[test]
+fn a_partition_handed_here_again_after_a_revoke_is_not_the_one_owned_before() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let (a, b) = (
+        store.partition_id("delay.in", 0).unwrap(),
+        store.partition_id("delay.in", 1).unwrap(),
+    );
+    // Without a changelog every partition is owned, always the same way.
+    assert_eq!((store.owned_since(a), store.ownership_now()), (Some(0), 0));
+    store.track_ownership();
+    assert_eq!(store.owned_since(a), None);
+    store.own(a);
+    store.own(b);
+    // Read with both owned: the group's partitions are the ones it was read for.
+    let read_at = store.ownership_now();
+    assert!(store.owned_since(a).is_some_and(|s| s <= read_at));
+    assert!(store.owned_since(b).is_some_and(|s| s <= read_at));
+    // Owning what is owned changes nothing.
+    store.own(a);
+    assert!(store.owned_since(a).is_some_and(|s| s <= read_at));
+    // Revoked and restored here again: owned, but not since the group was read.
+    store.disown(a);
+    assert_eq!(store.owned_since(a), None);
+    store.own(a);
+    assert!(store.owned_since(a).is_some_and(|s| s > read_at));
+    assert!(store.owned_since(b).is_some_and(|s| s <= read_at));
+}
+
+#[test]
 fn a_copys_records_are_counted_apart_from_the_owned_ones_until_it_is_owned() {
     let dir = TempDir::new().unwrap();
     let store = open(&dir);
