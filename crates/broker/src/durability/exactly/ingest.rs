@@ -90,23 +90,9 @@ impl Exactly {
     /// checkpoints each partition. Partitions revoked meanwhile are left out (their new
     /// owner consumes them again). `false` when stopping first, or when none is left.
     pub(super) async fn commit_group(&self, group: Stored<'_, '_>) -> bool {
-        let Stored {
-            ops,
-            stamps,
-            applied,
-            last,
-            dead,
-            dead_letters,
-            stopping,
-            sending: _, // nothing is sent before the transaction
-            turn,
-            owned_at,
-        } = group;
         let store = self.grouped.store();
-        // Dead letters the topic refused as too large go again without their value.
-        let mut valueless: HashSet<usize> = HashSet::new();
-        // Records due at ingest whose target refused them are stored after all.
-        let mut firing = Firing::default();
+        let owned_at = group.owned_at;
+        let mut mending = Mending::default();
         let mut backoff = Backoff::standard();
         let mut stale_since: Option<Instant> = None;
         // The first transaction's work is made while the group before this one commits. A
@@ -117,60 +103,34 @@ impl Exactly {
             last.retain(|pid, _| store.owned_since(*pid).is_some_and(|s| s <= owned_at));
             last.len() == before
         };
-        owned(last);
-        let mut ready = (!last.is_empty()).then(|| {
-            self.group_work(
-                (ops, stamps, &*applied),
-                last,
-                (dead, dead_letters),
-                (&valueless, &firing),
-            )
-        });
-        turn.come().await;
+        owned(group.last);
+        let mut ready = (!group.last.is_empty()).then(|| self.group_work(&group, &mending));
+        group.turn.come().await;
         loop {
-            if stopping.is_some_and(|s| *s.borrow()) {
+            // A group before this one that gave up (the instance starts again) left records
+            // uncommitted that this group's offsets would pass: nothing after it commits.
+            if group.stopping.is_some_and(|s| *s.borrow()) || self.broken().is_some() {
                 return false;
             }
-            let unchanged = owned(last);
-            if last.is_empty() {
+            let unchanged = owned(group.last);
+            if group.last.is_empty() {
                 return false;
             }
             let (mut work, layout, sent_ms) = match ready.take().filter(|_| unchanged) {
                 Some(ready) => ready,
-                None => self.group_work(
-                    (ops, stamps, &*applied),
-                    last,
-                    (dead, dead_letters),
-                    (&valueless, &firing),
-                ),
+                None => self.group_work(&group, &mending),
             };
             work.owned_at = Some(owned_at);
             let refused = match self.transactions.commit(work).await {
                 Ok(written) => {
-                    self.checkpoint(last, &layout.changelog, &written);
-                    for (dl, _) in dead_of(dead, last) {
-                        dead_letters.count(dl);
-                    }
-                    self.at_ingest.fired(
-                        firing.firing(ops, last).map(|(_, id, record)| (id, record)),
-                        sent_ms,
-                    );
-                    firing.into_group(applied);
+                    self.committed(group, &layout, &written, mending.firing, sent_ms);
                     return true;
                 }
                 Err(TxnError::Rejected(refused)) => {
-                    let (to_store, shortened) =
-                        sort_refused(&refused, &layout, (dead, last), &valueless);
-                    let mut again = !shortened.is_empty();
-                    valueless.extend(shortened);
-                    if !to_store.is_empty() {
-                        match firing.store(store, (ops, stamps), &to_store, sent_ms).await {
-                            Ok(()) => again = true,
-                            Err(e) => error!(error = %e,
-                                "cannot store records their target refused at ingest; retrying"),
-                        }
-                    }
-                    if again {
+                    if self
+                        .mend(&refused, &layout, &group, &mut mending, sent_ms)
+                        .await
+                    {
                         continue;
                     }
                     TxnError::Rejected(refused)
@@ -183,6 +143,57 @@ impl Exactly {
             }
             backoff.wait().await;
         }
+    }
+
+    /// After a group's transaction committed: each partition's checkpoint, the dead letters
+    /// counted, the records due at ingest fired and the ones stored after all in the group.
+    fn committed(
+        &self,
+        group: Stored<'_, '_>,
+        layout: &Layout,
+        written: &[i64],
+        firing: Firing,
+        sent_ms: u64,
+    ) {
+        self.checkpoint(group.last, &layout.changelog, written);
+        for (dl, _) in dead_of(group.dead, group.last) {
+            group.dead_letters.count(dl);
+        }
+        let fired = firing.firing(group.ops, group.last);
+        self.at_ingest
+            .fired(fired.map(|(_, id, record)| (id, record)), sent_ms);
+        firing.into_group(group.applied);
+    }
+
+    /// Mends a group some of whose records Kafka refused: dead letters too large go again
+    /// without their values, records due at ingest that their target refused are stored to
+    /// fire through the wheel. Whether the group can go again.
+    async fn mend(
+        &self,
+        refused: &[(usize, rdkafka::error::KafkaError)],
+        layout: &Layout,
+        group: &Stored<'_, '_>,
+        mending: &mut Mending,
+        sent_ms: u64,
+    ) -> bool {
+        let (to_store, shortened) = sort_refused(
+            refused,
+            layout,
+            (group.dead, group.last),
+            &mending.valueless,
+        );
+        let mut again = !shortened.is_empty();
+        mending.valueless.extend(shortened);
+        if !to_store.is_empty() {
+            let store = self.grouped.store();
+            let ops = (group.ops, group.stamps);
+            match mending.firing.store(store, ops, &to_store, sent_ms).await {
+                Ok(()) => again = true,
+                Err(e) => error!(error = %e,
+                    "cannot store records their target refused at ingest; retrying"),
+            }
+        }
+        again
     }
 
     /// Whether ingest gives up on a group that did not commit because the consumer group
@@ -209,17 +220,10 @@ impl Exactly {
     /// The transaction of a group: each partition's changelog entries (records, what they
     /// removed, the next source offset), then the dead letters, then the target records of
     /// the records due at ingest, and the source offsets; with the time they are fired at (now).
-    fn group_work(
-        &self,
-        (ops, stamps, applied): (
-            &[crate::store::IngestOp],
-            &[Option<u64>],
-            &crate::store::Applied,
-        ),
-        last: &Last<'_>,
-        (dead, dead_letters): (&[DeadLetter], &DeadLetters),
-        (valueless, firing): (&HashSet<usize>, &Firing),
-    ) -> (Work, Layout, u64) {
+    fn group_work(&self, group: &Stored<'_, '_>, mending: &Mending) -> (Work, Layout, u64) {
+        let (ops, stamps, applied, last) = (group.ops, group.stamps, &*group.applied, &*group.last);
+        let (dead, dead_letters) = (group.dead, group.dead_letters);
+        let (valueless, firing) = (&mending.valueless, &mending.firing);
         let sent_ms = self.at_ingest.now_ms();
         let changelog = self.grouped.changelog();
         let topic_of = |pid| last.get(&pid).map(|&(topic, ..)| topic);
@@ -317,6 +321,15 @@ fn sort_refused(
         }
     }
     (to_store, shortened)
+}
+
+/// What a group's transaction changes when Kafka refused some of its records.
+#[derive(Default)]
+struct Mending {
+    /// Dead letters the topic refused as too large: they go again without their values.
+    valueless: HashSet<usize>,
+    /// Records due at ingest whose target refused them: stored after all.
+    firing: Firing,
 }
 
 /// Where a group's records are in its transaction.
