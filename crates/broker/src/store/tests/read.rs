@@ -240,3 +240,92 @@ fn bulk_cancels_and_moves_change_only_pending_records_in_one_write_each() {
     assert_eq!(again.cancelled, 1);
     assert_eq!(store.pending(), 3);
 }
+
+#[test]
+fn a_dense_read_walks_an_iterator_and_finds_what_point_reads_find() {
+    let dir = TempDir::new().unwrap();
+    let store = open(&dir);
+    let (a, b) = (
+        store.partition_id("delay.in", 0).unwrap(),
+        store.partition_id("delay.in", 1).unwrap(),
+    );
+    // Partition a: offsets 0..100 and 120..300 (a gap longer than an iterator steps over);
+    // partition b: 0..50. In each, offset 5 replaced by offset 7 (deleted).
+    let written = |pid, offset: i64| {
+        let id = match offset {
+            5 | 7 => Some("same"),
+            _ => None,
+        };
+        IngestOp::Schedule {
+            pid,
+            offset,
+            schedule: sched(id, 1_000, &format!("v{pid}-{offset}")),
+        }
+    };
+    let ops: Vec<IngestOp> = (0..100)
+        .chain(120..300)
+        .map(|o| written(a, o))
+        .chain((0..50).map(|o| written(b, o)))
+        .collect();
+    store.apply(&ops, 0).unwrap();
+    // Asked in no order, with ids that are not there, and without 150..170 (more records
+    // than an iterator steps over before it seeks).
+    let mut ids: Vec<RecordId> = (0..150)
+        .chain(170..310)
+        .map(|o| RecordId::new(a, o).unwrap())
+        .chain((0..60).map(|o| RecordId::new(b, o).unwrap()))
+        .collect();
+    ids.reverse();
+    ids.swap(3, 200);
+    let sorted: Vec<(RecordId, usize)> = {
+        let mut s: Vec<_> = ids.iter().copied().zip(0..).collect();
+        s.sort_unstable();
+        s
+    };
+    assert!(super::super::read::dense(&sorted), "the batch is dense");
+    let walked = store.get(&ids).unwrap();
+    for (id, got) in ids.iter().zip(&walked) {
+        let point = store.get(&[*id]).unwrap().remove(0);
+        assert_eq!(got, &point, "record {id:?}");
+    }
+    let values: Vec<Option<&[u8]>> = walked
+        .iter()
+        .map(|r| r.as_ref().and_then(|r| r.value()))
+        .collect();
+    let present = |pid, o: i64| {
+        values[ids
+            .iter()
+            .position(|i| *i == RecordId::new(pid, o).unwrap())
+            .unwrap()]
+    };
+    assert_eq!(present(a, 4), Some(&b"v0-4"[..]));
+    assert_eq!(present(a, 5), None, "replaced");
+    assert_eq!(present(a, 7), Some(&b"v0-7"[..]));
+    assert_eq!(present(a, 110), None, "never written");
+    assert_eq!(present(a, 149), Some(&b"v0-149"[..]));
+    assert_eq!(present(a, 170), Some(&b"v0-170"[..]), "after the seek");
+    assert_eq!(present(a, 299), Some(&b"v0-299"[..]));
+    assert_eq!(present(a, 305), None);
+    assert_eq!(present(b, 49), Some(format!("v{b}-49").as_bytes()));
+    assert_eq!(present(b, 5), None, "replaced");
+    assert_eq!(present(b, 55), None);
+    assert_eq!(walked.iter().flatten().count(), 100 + 180 - 20 + 50 - 2);
+}
+
+#[test]
+fn only_a_large_batch_of_close_ids_counts_as_dense() {
+    let ids = |offsets: &[i64]| -> Vec<(RecordId, usize)> {
+        offsets
+            .iter()
+            .map(|&o| (RecordId::new(0, o).unwrap(), 0))
+            .collect()
+    };
+    let dense = super::super::read::dense;
+    assert!(dense(&ids(&(0..32).collect::<Vec<_>>())));
+    assert!(!dense(&ids(&(0..31).collect::<Vec<_>>())), "too few");
+    assert!(dense(&ids(&(0..64).map(|o| o * 2).collect::<Vec<_>>())));
+    assert!(
+        !dense(&ids(&(0..64).map(|o| o * 3).collect::<Vec<_>>())),
+        "too sparse"
+    );
+}
