@@ -121,7 +121,9 @@ impl Store {
         };
         let mut opts = ReadOptions::default();
         opts.set_iterate_lower_bound(first.0.to_bytes().to_vec());
-        opts.set_iterate_upper_bound(RecordId(last.0 .0 + 1).to_bytes().to_vec());
+        if let Some(after) = last.0 .0.checked_add(1) {
+            opts.set_iterate_upper_bound(RecordId(after).to_bytes().to_vec());
+        }
         let mut iter = self.db.raw_iterator_cf_opt(self.cf::<Records>(), opts);
         iter.seek_to_first();
         for &(rid, i) in sorted {
