@@ -41,6 +41,11 @@ impl<'c> Bodies<'c> {
         }
     }
 
+    /// The consumer it made, if it made one.
+    pub(super) fn into_consumer(self) -> Option<BaseConsumer> {
+        self.consumer
+    }
+
     /// Replaces each pointer in `entries` (of partition `part`) by the record it stands for,
     /// its value read from the source topic. A pointer whose source record is gone (deleted by
     /// hand, or the topic made again) cannot be restored: it is left out and logged.

@@ -129,6 +129,7 @@ pub fn restore(
             &mut progress,
             (remaining, wait),
         )?;
+        close([consumer, ends]);
         for (p, delta) in progress.iter_mut().zip(deltas) {
             p.delta = delta;
         }
@@ -149,6 +150,7 @@ pub fn restore(
                 }),
         );
     }
+    close(bodies.into_consumer());
     if let Some(m) = metrics {
         m.restore_remaining.set(0);
         m.restore_seconds.inc_by(started.elapsed().as_secs_f64());
@@ -174,6 +176,17 @@ pub(super) fn restore_consumer(
         partition: -1,
         source,
     })
+}
+
+/// Closes `consumers` on a thread of their own: closing a librdkafka client waits up to a
+/// tenth of a second for its threads to stop, which the partitions just restored, waiting to
+/// fire, do not have to wait for.
+pub(super) fn close(consumers: impl IntoIterator<Item = BaseConsumer> + Send + 'static) {
+    let closing = std::thread::Builder::new()
+        .name("restore-close".into())
+        .spawn(move || consumers.into_iter().for_each(drop));
+    // Without a thread, `consumers` were closed here, when the closure was dropped.
+    drop(closing);
 }
 
 fn kafka(part: &Part, source: KafkaError) -> RestoreError {
