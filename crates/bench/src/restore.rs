@@ -10,12 +10,20 @@
 //!    own: the changelog's pointers against copies;
 //! 4. **re-consume, changelog off**: a broker of a new group with `--no-changelog` ingests the
 //!    same N from the source (what a restore would cost without a changelog).
+//!
+//! Right after each restore, the topics it read are read again by bare librdkafka consumers
+//! that only count the messages ([`read_alone`]): the changelog, and for pointers the source
+//! beside it, at once. Each restore's rate is shown against that reading, measured a moment
+//! apart on the same machine: how close the restore comes to the reading it cannot do without.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prometheus::Registry;
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use serde::Serialize;
 
 use super::harness::{config, Kafka};
@@ -58,6 +66,9 @@ pub struct Phase {
     /// values pointers name, writing RocksDB), from the broker's
     /// `kafka_delay_restore_seconds_total`; none when the phase restored nothing.
     pub restore_entries_per_s: Option<f64>,
+    /// Changelog entries per second when the topics the restore read are only read
+    /// ([`read_alone`]), right after it; none for a phase that restored nothing.
+    pub read_alone_entries_per_s: Option<f64>,
 }
 
 /// Runs the three phases and prints them.
@@ -86,13 +97,17 @@ pub async fn run_restore(args: &RestoreArgs) -> Result<Vec<Phase>, BenchError> {
     let on: &[&str] = &["--changelog"];
     let copied: &[&str] = &["--changelog", "--changelog-copy-values"];
     let off: &[&str] = &["--no-changelog"];
+    let changelog = |group: &str| kafka_delay::changelog::topic_name(group, &source);
+    let pointers = [changelog(&group_a), source.clone()];
+    let copies = [changelog(&group_c)];
+    let none: &[String] = &[];
     let mut phases = Vec::new();
-    for (name, group, mode) in [
-        ("ingest, changelog on", &group_a, on),
-        ("restore from the changelog", &group_a, on),
-        ("ingest, values copied", &group_c, copied),
-        ("restore, values copied", &group_c, copied),
-        ("re-consume the source, changelog off", &group_b, off),
+    for (name, group, mode, read) in [
+        ("ingest, changelog on", &group_a, on, none),
+        ("restore from the changelog", &group_a, on, &pointers[..]),
+        ("ingest, values copied", &group_c, copied, none),
+        ("restore, values copied", &group_c, copied, &copies[..]),
+        ("re-consume the source, changelog off", &group_b, off, none),
     ] {
         let data = tempfile::TempDir::new()?;
         let mut flags = vec![
@@ -104,22 +119,112 @@ pub async fn run_restore(args: &RestoreArgs) -> Result<Vec<Phase>, BenchError> {
             "1",
         ];
         flags.extend(mode);
-        phases.push(phase(name, &args.brokers, data.path(), &flags, args.records).await?);
+        let mut p = phase(name, &args.brokers, data.path(), &flags, args.records).await?;
+        if !read.is_empty() {
+            let (brokers, topics) = (args.brokers.clone(), read.to_vec());
+            let alone = tokio::task::spawn_blocking(move || read_alone(&brokers, &topics))
+                .await
+                .map_err(|e| format!("reading alone: {e}"))??;
+            p.read_alone_entries_per_s = Some(alone);
+        }
+        phases.push(p);
     }
+    print(&phases);
+    Ok(phases)
+}
+
+fn print(phases: &[Phase]) {
     println!(
-        "{:<40} {:>10} {:>14} {:>12} {:>12} {:>18}",
-        "phase", "firing s", "all pending s", "records/s", "CPU us/rec", "restore entries/s"
+        "{:<40} {:>10} {:>14} {:>12} {:>12} {:>18} {:>16} {:>9}",
+        "phase",
+        "firing s",
+        "all pending s",
+        "records/s",
+        "CPU us/rec",
+        "restore entries/s",
+        "read alone /s",
+        "of read"
     );
-    for p in &phases {
-        let restore = p
-            .restore_entries_per_s
-            .map_or_else(|| "-".to_owned(), |r| format!("{r:.0}"));
+    let shown = |v: Option<f64>| v.map_or_else(|| "-".to_owned(), |r| format!("{r:.0}"));
+    for p in phases {
+        let of_read = match (p.restore_entries_per_s, p.read_alone_entries_per_s) {
+            (Some(r), Some(a)) if a > 0.0 => format!("{:.2}", r / a),
+            _ => "-".to_owned(),
+        };
         println!(
-            "{:<40} {:>10.2} {:>14.2} {:>12.0} {:>12.2} {:>18}",
-            p.name, p.firing_s, p.all_pending_s, p.records_per_s, p.cpu_us_per_record, restore
+            "{:<40} {:>10.2} {:>14.2} {:>12.0} {:>12.2} {:>18} {:>16} {:>9}",
+            p.name,
+            p.firing_s,
+            p.all_pending_s,
+            p.records_per_s,
+            p.cpu_us_per_record,
+            shown(p.restore_entries_per_s),
+            shown(p.read_alone_entries_per_s),
+            of_read
         );
     }
-    Ok(phases)
+}
+
+/// Reads partition 0 of every one of `topics` from its beginning to its end, all at once, each
+/// on a thread with a consumer of its own set as the restore's are (read committed, the
+/// prefetch not pausing when its queue fills), and only counts the messages. Returns the first
+/// topic's messages (the changelog's entries) per second over the time the slowest read took,
+/// from its consumer's creation to its end.
+fn read_alone(brokers: &str, topics: &[String]) -> Result<f64, BenchError> {
+    let reads: Vec<Result<(u64, Duration), KafkaError>> = std::thread::scope(|scope| {
+        let threads: Vec<_> = topics
+            .iter()
+            .map(|topic| scope.spawn(move || read_to_end(brokers, topic)))
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| t.join().unwrap_or(Err(KafkaError::Canceled)))
+            .collect()
+    });
+    let mut entries = None;
+    let mut slowest = Duration::ZERO;
+    for (topic, read) in topics.iter().zip(reads) {
+        let (messages, took) = read.map_err(|e| format!("reading {topic} alone: {e}"))?;
+        entries.get_or_insert(messages);
+        slowest = slowest.max(took);
+    }
+    Ok(entries.unwrap_or(0) as f64 / slowest.as_secs_f64().max(f64::EPSILON))
+}
+
+/// Messages in partition 0 of `topic`, read from its beginning to its end, and the time that
+/// took.
+fn read_to_end(brokers: &str, topic: &str) -> Result<(u64, Duration), KafkaError> {
+    let started = Instant::now();
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .set("group.id", kafka_delay_testkit::unique("read-alone"))
+        .set("enable.auto.commit", "false")
+        .set("enable.partition.eof", "true")
+        .set("isolation.level", "read_committed")
+        .set("fetch.queue.backoff.ms", "10")
+        .create()?;
+    // From the offset its low watermark names, as the restore does: assigned at the
+    // beginning, librdkafka first asks for the offset and fetches half a second later.
+    let (low, _) = consumer.fetch_watermarks(topic, 0, Duration::from_secs(10))?;
+    let mut tpl = TopicPartitionList::new();
+    tpl.add_partition_offset(topic, 0, Offset::Offset(low))?;
+    consumer.assign(&tpl)?;
+    let deadline = started + Duration::from_secs(600);
+    let mut messages = 0;
+    while Instant::now() < deadline {
+        match consumer
+            .poll(Duration::ZERO)
+            .or_else(|| consumer.poll(Duration::from_millis(100)))
+        {
+            None => {}
+            Some(Err(KafkaError::PartitionEOF(_))) => return Ok((messages, started.elapsed())),
+            Some(Err(e)) => return Err(e),
+            Some(Ok(_)) => messages += 1,
+        }
+    }
+    Err(KafkaError::MessageConsumption(
+        rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
+    ))
 }
 
 async fn phase(
@@ -156,6 +261,7 @@ async fn phase(
         records_per_s: records as f64 / all.as_secs_f64(),
         cpu_us_per_record: span.cpu.as_secs_f64() * 1e6 / records as f64,
         restore_entries_per_s: (entries > 0.0 && seconds > 0.0).then(|| entries / seconds),
+        read_alone_entries_per_s: None,
     })
 }
 
