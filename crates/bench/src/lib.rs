@@ -12,7 +12,8 @@
 //! - `bench recovery` (`recovery.rs`): a broker process's start to ready with millions of
 //!   records pending in RocksDB, and its memory, against re-consuming them from Kafka.
 //! - `bench restore` (`restore.rs`): a partition's pending records restored from the changelog
-//!   against re-consuming its source, and ingest with the changelog on and off.
+//!   against re-consuming its source and against only reading the topics the restore reads,
+//!   and ingest with the changelog on and off.
 //! - `bench instances` (`instances.rs`): 1, 2 and 3 broker processes of one group.
 //! - `bench takeover` (`takeover.rs`): a killed instance's partitions taken over, without and
 //!   with a standby replica, the dead member removed or waited for.
@@ -84,8 +85,9 @@ pub enum BenchCommand {
     Recovery(RecoveryArgs),
     /// The head of the due index after millions of fired records were deleted.
     HeadSeek(HeadSeekArgs),
-    /// A partition's records restored from its changelog against re-consuming its source, and
-    /// ingest with the changelog on and off (Apache Kafka).
+    /// A partition's records restored from its changelog against re-consuming its source and
+    /// against only reading the topics the restore reads, and ingest with the changelog on and
+    /// off (Apache Kafka).
     Restore(RestoreArgs),
     /// 1, 2 and 3 broker processes of one group (`--changelog`) on the same Kafka: records due
     /// at once through the group.
