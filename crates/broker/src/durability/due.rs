@@ -22,12 +22,14 @@ use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::OwnedHeaders;
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::producer::{BaseRecord, Producer};
 use tracing::warn;
 
+use super::reports::{Counted, FireProducer, Place, Reports};
 use super::{Context, DurabilityError};
 use crate::config::Config;
 use crate::ingest::{Last, Sending};
+use crate::kafka::KafkaSetupError;
 use crate::metrics::Metrics;
 use crate::publish::history::History;
 use crate::publish::{observe_delivery, provenance};
@@ -205,80 +207,81 @@ impl AtIngest {
     /// with the places in `ops` of those their target refused. `None`: none is due.
     pub(in crate::durability) async fn send(
         &self,
-        (producer, store): (&FutureProducer, &Store),
+        (producer, store): (&FireProducer, &Store),
         ops: &Arc<Vec<IngestOp>>,
         last: &Last<'_>,
     ) -> Option<Sending> {
         let sent_ms = self.clock.now_ms();
-        let mut acks: Vec<(usize, RecordId, DeliveryFuture)> = Vec::new();
+        let reports = Reports::new();
+        let mut handed = Vec::new();
         let mut refused = Vec::new();
         for (place, id, record) in due_at_ingest(ops) {
             if !last.contains_key(&id.pid()) {
                 continue;
             }
-            match produce(producer, record, provenance(store, id, record, sent_ms)).await {
-                Ok(ack) => acks.push((place, id, ack)),
+            reports.handing();
+            let headers = provenance(store, id, record, sent_ms);
+            match produce(producer, record, headers, Place::new(&reports, place)).await {
+                Ok(()) => handed.push((place, id)),
                 Err(e) => {
+                    reports.not_taken();
                     refused_at_ingest(&e);
                     refused.push(place);
                 }
             }
         }
-        if acks.is_empty() && refused.is_empty() {
+        if handed.is_empty() && refused.is_empty() {
             return None;
         }
+        reports.all_handed();
         let (at, ops) = (self.clone(), ops.clone());
         Some(tokio::spawn(async move {
-            let mut delivered = Vec::with_capacity(acks.len());
-            for (place, id, ack) in acks {
-                match ack.await {
-                    Ok(Ok(_)) => {
-                        if let Some(IngestOp::Fire { record, .. }) = ops.get(place) {
-                            delivered.push((id, record));
-                        }
-                    }
-                    Ok(Err((e, _))) => {
-                        refused_at_ingest(&e);
-                        refused.push(place);
-                    }
-                    Err(_) => refused.push(place), // the producer is gone: not known delivered
-                }
-            }
+            let not_delivered = reports.settled().await;
+            let delivered = handed
+                .iter()
+                .filter(|(place, _)| !not_delivered.contains(place))
+                .filter_map(|&(place, id)| match ops.get(place) {
+                    Some(IngestOp::Fire { record, .. }) => Some((id, record)),
+                    _ => None,
+                });
             at.fired(delivered, sent_ms);
+            refused.extend(not_delivered);
             refused
         }))
     }
 }
 
 /// Says why a record due at ingest was not delivered.
-fn refused_at_ingest(e: &KafkaError) {
+pub(in crate::durability) fn refused_at_ingest(e: &KafkaError) {
     warn!(error = %e, "a record due at ingest was refused by its target; it fires through the \
           wheel, retried and dead-lettered as any record");
 }
 
 /// Hands `record`'s target record, with `headers`, to `producer` (borrowing its key and
-/// value), waiting while the producer's queue is full: its acknowledgement.
+/// value), waiting while the producer's queue is full; its report goes to `place`.
 async fn produce(
-    producer: &FutureProducer,
+    producer: &FireProducer,
     record: &StoredRecord,
     headers: OwnedHeaders,
-) -> Result<DeliveryFuture, KafkaError> {
-    let mut headers = Some(headers);
+    place: Box<Place>,
+) -> Result<(), KafkaError> {
+    let mut held = Some((headers, place));
     loop {
-        let mut r = FutureRecord::<[u8], [u8]>::to(record.target());
+        let Some((headers, place)) = held.take() else {
+            return Err(KafkaError::Canceled);
+        };
+        let mut r = BaseRecord::<[u8], [u8], Box<Place>>::with_opaque_to(record.target(), place)
+            .headers(headers);
         if let Some(k) = record.key() {
             r = r.key(k);
         }
         if let Some(v) = record.value() {
             r = r.payload(v);
         }
-        if let Some(h) = headers.take() {
-            r = r.headers(h);
-        }
-        match producer.send_result(r) {
-            Ok(ack) => return Ok(ack),
+        match producer.send(r) {
+            Ok(()) => return Ok(()),
             Err((KafkaError::MessageProduction(RDKafkaErrorCode::QueueFull), r)) => {
-                headers = r.headers;
+                held = r.headers.map(|h| (h, r.delivery_opaque));
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
             Err((e, _)) => return Err(e),
@@ -290,11 +293,17 @@ async fn produce(
 /// records due at start fires through it at once.
 pub(in crate::durability) async fn producer(
     config: &Config,
-) -> Result<FutureProducer, DurabilityError> {
-    let producer = crate::kafka::producer(config)?;
-    let (p, topic) = (producer.clone(), config.topics.dead_letter.clone());
+) -> Result<Arc<FireProducer>, DurabilityError> {
+    let producer: FireProducer = crate::kafka::producer_config(config)
+        .create_with_context(Counted)
+        .map_err(|source| KafkaSetupError::Client {
+            client: "producer",
+            source,
+        })?;
+    let (producer, topic) = (Arc::new(producer), config.topics.dead_letter.clone());
+    let p = producer.clone();
     let _ = tokio::task::spawn_blocking(move || {
-        crate::kafka::request_producer_id(rdkafka::producer::Producer::client(&p), &topic);
+        crate::kafka::request_producer_id(p.client(), &topic);
     })
     .await;
     Ok(producer)

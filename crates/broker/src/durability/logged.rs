@@ -17,11 +17,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use prometheus::IntGauge;
-use rdkafka::producer::FutureProducer;
 use tracing::{error, warn};
 
 use super::due::{AtIngest, Firing};
 use super::grouped::Grouped;
+use super::reports::FireProducer;
 use crate::backoff::Backoff;
 use crate::changelog::group_entries;
 use crate::ingest::{Durable, Guard, Last, OffsetCommit, Sending, Stored};
@@ -41,7 +41,7 @@ pub struct Logged {
     lingering: IntGauge,
     /// Records due when ingested fire at once, through this producer.
     at_ingest: AtIngest,
-    producer: FutureProducer,
+    producer: Arc<FireProducer>,
 }
 
 impl std::fmt::Debug for Logged {
@@ -60,7 +60,7 @@ impl Logged {
     pub(super) fn new(
         grouped: Arc<Grouped>,
         (linger, lingering): (Duration, IntGauge),
-        (at_ingest, producer): (AtIngest, FutureProducer),
+        (at_ingest, producer): (AtIngest, Arc<FireProducer>),
     ) -> Self {
         Self {
             grouped,

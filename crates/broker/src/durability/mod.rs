@@ -23,6 +23,7 @@ mod grouped;
 mod local;
 mod logged;
 mod peers;
+mod reports;
 
 use std::sync::Arc;
 use std::time::Duration;
