@@ -16,6 +16,10 @@
 //! dead-lettered as for any record. With fire limits set, nothing fires at ingest (every
 //! record passes the limiter).
 
+mod reports;
+
+pub(in crate::durability) use reports::FireProducer;
+
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -25,7 +29,6 @@ use rdkafka::message::OwnedHeaders;
 use rdkafka::producer::{BaseRecord, Producer};
 use tracing::warn;
 
-use super::reports::{Counted, FireProducer, Place, Reports};
 use super::{Context, DurabilityError};
 use crate::config::Config;
 use crate::ingest::{Last, Sending};
@@ -38,6 +41,7 @@ use crate::txn::Out;
 use kafka_delay_core::clock::Clock;
 use kafka_delay_core::id::RecordId;
 use kafka_delay_core::record::StoredRecord;
+use reports::{Counted, Place, Reports};
 
 /// What firing at ingest needs: whether it is on, and where a fire is counted.
 #[derive(Clone)]

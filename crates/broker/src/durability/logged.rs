@@ -19,9 +19,8 @@ use std::time::Duration;
 use prometheus::IntGauge;
 use tracing::{error, warn};
 
-use super::due::{AtIngest, Firing};
+use super::due::{AtIngest, FireProducer, Firing};
 use super::grouped::Grouped;
-use super::reports::FireProducer;
 use crate::backoff::Backoff;
 use crate::changelog::group_entries;
 use crate::ingest::{Durable, Guard, Last, OffsetCommit, Sending, Stored};

@@ -23,7 +23,6 @@ mod grouped;
 mod local;
 mod logged;
 mod peers;
-mod reports;
 
 use std::sync::Arc;
 use std::time::Duration;

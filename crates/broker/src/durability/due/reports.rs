@@ -28,7 +28,7 @@ impl ProducerContext for Counted {
 
     fn delivery(&self, result: &DeliveryResult<'_>, place: Box<Place>) {
         if let Err((e, _)) = result {
-            super::due::refused_at_ingest(e);
+            super::refused_at_ingest(e);
             place.reports.refused(place.at);
         }
         place.reports.report();
